@@ -1,0 +1,88 @@
+"""The ordered, transactional key-value store the metadata layers are written against.
+
+Shaped like FoundationDB so that the same layer code runs on every backend:
+
+* keys and values are bytes; keys sort bytewise (tuple-packed keys sort by their tuples);
+* a transaction function receives a `Transaction`, is *pure* (no I/O of its own, no id
+  generation, no clocks read) and may run more than once: the backend retries it on
+  conflict;
+* transaction functions are synchronous and run in a worker thread; callers in the event
+  loop use `await kv.transact(fn)` / `await kv.read(fn)`;
+* `add` is FoundationDB's atomic ADD: the value is a little-endian signed 64-bit integer,
+  a missing key counts as zero.
+
+Backends: `metadata.sqlite_kv` (embedded default) and, later, FoundationDB.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+
+_I64 = struct.Struct("<q")
+
+
+def encode_i64(value: int) -> bytes:
+    """The value layout used by `Transaction.add`."""
+    return _I64.pack(value)
+
+
+def decode_i64(value: bytes | None) -> int:
+    if value is None:
+        return 0
+    return int(_I64.unpack(value.ljust(8, b"\x00")[:8])[0])
+
+
+class ReadTransaction(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def get_range(
+        self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        """Pairs with begin <= key < end, in key order (descending if reverse); limit 0 = all."""
+        ...
+
+
+class Transaction(ReadTransaction, Protocol):
+    def set(self, key: bytes, value: bytes) -> None: ...
+
+    def clear(self, key: bytes) -> None: ...
+
+    def clear_range(self, begin: bytes, end: bytes) -> None: ...
+
+    def add(self, key: bytes, delta: int) -> None: ...
+
+
+class KV(Protocol):
+    async def transact(self, fn: Callable[[Transaction], T]) -> T:
+        """Run fn in a read-write transaction, retrying it on conflict; return its result."""
+        ...
+
+    async def read(self, fn: Callable[[ReadTransaction], T]) -> T:
+        """Run fn in a read-only transaction (a consistent snapshot)."""
+        ...
+
+    def transact_sync(self, fn: Callable[[Transaction], T]) -> T:
+        """Blocking form of transact, for threads and start-up code."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class KVError(Exception):
+    """A metadata store failure that retrying the transaction did not cure."""
+
+
+def open_kv(url: str) -> KV:
+    """Open a backend from a URL: sqlite:///abs/path.db, or fdb:// / fdb:///path/to/fdb.cluster."""
+    if url.startswith("sqlite://"):
+        from metadata.sqlite_kv import SQLiteKV
+
+        # sqlite:///abs/path.db -> /abs/path.db; sqlite://rel/path.db -> rel/path.db
+        return SQLiteKV(url[len("sqlite://") :])
+    if url.startswith("fdb://"):
+        raise KVError("the FoundationDB backend is not built into this version")
+    raise KVError(f"unknown metadata URL scheme: {url!r} (expected sqlite:// or fdb://)")

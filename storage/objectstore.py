@@ -1,0 +1,64 @@
+"""Object stores: where ingest files live.
+
+An `ObjectStore` holds immutable objects under string keys. Writes of new objects use
+`if_absent=True` so that a key can never be overwritten by a retry or a second writer.
+All methods are async; blocking client libraries run in worker threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class ObjectStoreError(Exception):
+    """A store failure that its retries did not cure."""
+
+
+class ObjectExistsError(ObjectStoreError):
+    """put(if_absent=True) found the key already present."""
+
+
+class ObjectNotFoundError(ObjectStoreError):
+    """get of a key that does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: float  # seconds since the epoch
+
+
+class ObjectStore(Protocol):
+    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        """Store data durably under key (durable when this returns)."""
+        ...
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the object (end None = to the end)."""
+        ...
+
+    async def delete(self, key: str) -> None:
+        """Remove key; deleting a missing key is not an error."""
+        ...
+
+    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with prefix, in key order."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_store(url: str, *, s3_endpoint_url: str | None = None) -> ObjectStore:
+    """file:///path/to/folder (local folder) or s3://bucket/prefix."""
+    if url.startswith("file://"):
+        from storage.local import LocalObjectStore
+
+        return LocalObjectStore(url[len("file://") :])
+    if url.startswith("s3://"):
+        from storage.s3 import S3ObjectStore
+
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        return S3ObjectStore(bucket, prefix, endpoint_url=s3_endpoint_url)
+    raise ObjectStoreError(f"unknown storage URL scheme: {url!r} (expected file:// or s3://)")
