@@ -1,0 +1,179 @@
+"""One agent: the stores it talks to and the little it remembers.
+
+An agent keeps no partition state of its own. It caches topic metadata for a moment
+(another agent may change it; every append re-checks in its commit), the list of live
+agents (refreshed with its lease) and recently written objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import anyio
+
+from broker.config import BrokerConfig
+from broker.ingest import IngestPipeline
+from broker.sync import Notifier
+from metadata import cluster, keys, log, topics
+from metadata.cluster import Agent as AgentInfo
+from metadata.kv import KV, open_kv
+from storage.cache import ObjectCache, RangeReader
+from storage.objectstore import ObjectStore, open_store
+
+logger = logging.getLogger(__name__)
+
+TOPIC_CACHE_SECONDS = 1.0
+WATERMARK_POLL_SECONDS = 0.05
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class _CachedTopic:
+    topic: topics.Topic | None
+    fetched_at: float
+
+
+class Agent:
+    def __init__(self, config: BrokerConfig, kv: KV, store: ObjectStore) -> None:
+        self.config = config
+        self.kv = kv
+        self.store = store
+        self.sub = keys.cluster_subspace(config.cluster_name)
+        self.cache = ObjectCache(config.cache_bytes)
+        self.reader = RangeReader(store, self.cache)
+        self.notifier = Notifier()
+        self.pipeline = IngestPipeline(
+            kv,
+            self.sub,
+            store,
+            self.cache,
+            self.notifier,
+            flush_interval_ms=config.resolved_flush_interval_ms,
+            flush_bytes=config.resolved_flush_bytes,
+        )
+        self.node_id = -1
+        self.cluster_id = ""
+        self.live: list[AgentInfo] = []
+        self._topics_by_name: dict[str, _CachedTopic] = {}
+        self._watermarks: dict[tuple[bytes, int], int] = {}
+
+    @classmethod
+    def open(cls, config: BrokerConfig) -> Agent:
+        return cls(
+            config,
+            open_kv(config.resolved_metadata_url),
+            open_store(config.resolved_storage_url, s3_endpoint_url=config.s3_endpoint_url),
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def register(self) -> None:
+        proposed = uuid.uuid4().bytes.hex()[:22]
+        self.cluster_id = await self.kv.transact(
+            lambda tr: cluster.ensure_cluster_id(tr, self.sub, proposed)
+        )
+        await self.renew_lease()
+
+    async def renew_lease(self) -> None:
+        cfg = self.config
+        now = now_ms()
+        expires = now + cfg.lease_ms
+
+        def txn(tr):  # type: ignore[no-untyped-def]
+            node_id = cluster.register_agent(tr, self.sub, cfg.advertised, cfg.port, cfg.rack, expires)
+            return node_id, cluster.live_agents(tr, self.sub, now)
+
+        self.node_id, live = await self.kv.transact(txn)
+        self.live = sorted(live, key=lambda a: a.node_id)
+
+    async def deregister(self) -> None:
+        if self.node_id >= 0:
+            node_id = self.node_id
+            await self.kv.transact(lambda tr: cluster.deregister_agent(tr, self.sub, node_id))
+
+    async def lease_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.config.lease_ms / 3000)
+            try:
+                await self.renew_lease()
+            except Exception:
+                logger.exception("lease renewal failed")
+
+    async def watermark_loop(self) -> None:
+        """Wake long-polling fetches when another agent appends to a partition they wait on."""
+        while True:
+            await anyio.sleep(WATERMARK_POLL_SECONDS)
+            waited = [k for k in self.notifier.waited_keys() if isinstance(k, tuple)]
+            if not waited:
+                continue
+
+            def read(tr, waited=waited):  # type: ignore[no-untyped-def]
+                return [log.get_partition(tr, self.sub, tid, p) for tid, p in waited]
+
+            try:
+                states = await self.kv.read(read)
+            except Exception:
+                logger.exception("watermark poll failed")
+                continue
+            for key, state in zip(waited, states, strict=True):
+                hwm = -1 if state is None else state.high_watermark
+                if self._watermarks.get(key) != hwm:
+                    self._watermarks[key] = hwm
+                    self.notifier.notify(key)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+        await self.kv.aclose()
+
+    # -- topics ----------------------------------------------------------------------
+
+    async def topic(self, name: str, *, fresh: bool = False) -> topics.Topic | None:
+        cached = self._topics_by_name.get(name)
+        clock = time.monotonic()
+        if not fresh and cached is not None and clock - cached.fetched_at < TOPIC_CACHE_SECONDS:
+            return cached.topic
+        topic = await self.kv.read(lambda tr: topics.get_topic(tr, self.sub, name))
+        self._topics_by_name[name] = _CachedTopic(topic, clock)
+        return topic
+
+    def forget_topic(self, name: str) -> None:
+        self._topics_by_name.pop(name, None)
+
+    def remember_topic(self, topic: topics.Topic) -> None:
+        self._topics_by_name[topic.name] = _CachedTopic(topic, time.monotonic())
+
+    async def topic_by_id(self, topic_id: bytes) -> topics.Topic | None:
+        for cached in self._topics_by_name.values():
+            if cached.topic is not None and cached.topic.topic_id == topic_id:
+                if time.monotonic() - cached.fetched_at < TOPIC_CACHE_SECONDS:
+                    return cached.topic
+        topic = await self.kv.read(lambda tr: topics.get_topic_by_id(tr, self.sub, topic_id))
+        if topic is not None:
+            self.remember_topic(topic)
+        return topic
+
+    def topic_config(self, topic: topics.Topic, name: str) -> str:
+        value = topic.configs.get(name)
+        return value if value is not None else self.config.topic_defaults.get(name, "")
+
+    # -- placement -------------------------------------------------------------------
+
+    def live_agents(self) -> list[AgentInfo]:
+        if not self.live:
+            return [
+                AgentInfo(self.node_id, self.config.advertised, self.config.port, self.config.rack, 0)
+            ]
+        return self.live
+
+    def leader_for(self, topic_id: bytes, partition: int) -> int:
+        """Every agent accepts every partition; clients still want one leader each."""
+        agents = self.live_agents()
+        index = (zlib.crc32(topic_id) + partition) % len(agents)
+        return agents[index].node_id

@@ -1,0 +1,138 @@
+"""`bucketlog serve`: run one agent, or N agent processes sharing the same stores.
+
+Every option can also be set with a BUCKETLOG_* environment variable (the option's name
+in upper case, dashes as underscores: --flush-interval-ms -> BUCKETLOG_FLUSH_INTERVAL_MS).
+The command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+import anyio
+
+from broker.config import BrokerConfig
+
+ENV_PREFIX = "BUCKETLOG_"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+# (option, type, default, help): the single list the parser and the environment share.
+SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
+    ("host", str, "127.0.0.1", "address to listen on"),
+    ("port", int, 9092, "port of the first agent"),
+    ("advertised-host", str, None, "host name given to clients (default: --host)"),
+    ("data-dir", str, "./bucketlog-data", "folder for the embedded default stores"),
+    ("agents", int, 1, "number of agent processes (ports PORT..PORT+N-1)"),
+    ("metadata", str, None, "metadata store URL (default sqlite:///<data-dir>/metadata.db)"),
+    ("storage", str, None, "object store URL (default file://<data-dir>/objects; or s3://bucket/prefix)"),
+    ("s3-endpoint-url", str, None, "S3 endpoint, for S3-compatible stores"),
+    ("flush-interval-ms", int, None, "longest a produced batch waits for its flush (default: 2 local, 250 S3)"),
+    ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
+    ("cluster-name", str, "default", "name of the cluster inside the metadata store"),
+    ("rack", str, None, "rack (zone) of this agent"),
+    ("auto-create-topics", _bool, True, "create unknown topics on Metadata requests"),
+    ("default-partitions", int, 1, "partitions of auto-created topics"),
+    ("max-frame-bytes", int, 100 * 1024 * 1024, "largest request accepted (socket.request.max.bytes)"),
+    ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
+    ("log-level", str, "INFO", "logging level"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bucketlog", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run a broker")
+    for name, kind, default, text in SERVE_OPTIONS:
+        env_value = _env(name)
+        value: object = default
+        if env_value is not None:
+            value = kind(env_value) if callable(kind) else env_value
+        env_name = ENV_PREFIX + name.upper().replace("-", "_")
+        serve.add_argument(f"--{name}", type=kind, default=value, help=f"{text} [{env_name}]")  # type: ignore[arg-type]
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    return BrokerConfig(
+        host=args.host,
+        port=args.port,
+        advertised_host=args.advertised_host,
+        data_dir=args.data_dir,
+        metadata_url=args.metadata,
+        storage_url=args.storage,
+        s3_endpoint_url=args.s3_endpoint_url,
+        flush_interval_ms=args.flush_interval_ms,
+        flush_bytes=args.flush_bytes,
+        cluster_name=args.cluster_name,
+        rack=args.rack,
+        auto_create_topics=args.auto_create_topics,
+        default_partitions=args.default_partitions,
+        max_frame_bytes=args.max_frame_bytes,
+        cache_bytes=args.cache_bytes,
+    )
+
+
+def _run_many(config: BrokerConfig, agents: int, argv: Sequence[str]) -> int:
+    """Start one child process per agent; stop them all when one stops or on a signal."""
+    children = []
+    base = [a for a in argv]
+    for i in range(agents):
+        child_argv = [sys.executable, "-m", "broker.cli", *base, "--agents", "1", "--port", str(config.port + i)]
+        children.append(subprocess.Popen(child_argv))
+
+    def stop(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = 0
+    for child in children:
+        code = child.wait() or code
+        stop(signal.SIGTERM, None)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = config_from_args(args)
+    os.makedirs(config.data_dir, exist_ok=True)
+    config = replace(config, data_dir=os.path.abspath(config.data_dir))
+    if args.agents > 1:
+        return _run_many(config, args.agents, argv)
+    from broker.server import run_agent
+
+    try:
+        anyio.run(run_agent, config)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Broker settings: one frozen value built from the command line and BUCKETLOG_* variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+# Topic configs a topic reports when it sets none itself (Apache Kafka's defaults).
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "compression.type": "producer",
+    "max.message.bytes": "1048588",
+    "message.timestamp.type": "CreateTime",
+    "retention.ms": "604800000",
+    "retention.bytes": "-1",
+    "segment.bytes": "1073741824",
+    "min.insync.replicas": "1",
+    "message.timestamp.difference.max.ms": "9223372036854775807",
+    "message.timestamp.before.max.ms": "9223372036854775807",
+    "message.timestamp.after.max.ms": "9223372036854775807",
+    "unclean.leader.election.enable": "false",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertised_host: str | None = None
+    data_dir: str = "./bucketlog-data"
+    metadata_url: str | None = None  # default: sqlite:///<data_dir>/metadata.db
+    storage_url: str | None = None  # default: file://<data_dir>/objects
+    s3_endpoint_url: str | None = None
+    flush_interval_ms: int | None = None  # default depends on the store
+    flush_bytes: int | None = None
+    cluster_name: str = "default"
+    rack: str | None = None
+    auto_create_topics: bool = True
+    default_partitions: int = 1
+    max_frame_bytes: int = 100 * 1024 * 1024
+    cache_bytes: int = 256 * 1024 * 1024
+    lease_ms: int = 10_000
+    topic_defaults: dict[str, str] = field(default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS))
+
+    @property
+    def resolved_metadata_url(self) -> str:
+        if self.metadata_url:
+            return self.metadata_url
+        return "sqlite://" + os.path.join(os.path.abspath(self.data_dir), "metadata.db")
+
+    @property
+    def resolved_storage_url(self) -> str:
+        if self.storage_url:
+            return self.storage_url
+        return "file://" + os.path.join(os.path.abspath(self.data_dir), "objects")
+
+    @property
+    def is_local_store(self) -> bool:
+        return self.resolved_storage_url.startswith("file://")
+
+    @property
+    def resolved_flush_interval_ms(self) -> int:
+        if self.flush_interval_ms is not None:
+            return self.flush_interval_ms
+        # A local folder costs nothing per write; every S3 PUT costs money.
+        return 2 if self.is_local_store else 250
+
+    @property
+    def resolved_flush_bytes(self) -> int:
+        if self.flush_bytes is not None:
+            return self.flush_bytes
+        return 4 * 1024 * 1024
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.host
+
+    def with_port(self, port: int) -> BrokerConfig:
+        return replace(self, port=port)

@@ -1,0 +1,68 @@
+"""ListOffsets: earliest, latest, max timestamp and exact lookups by timestamp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from broker.entities import build
+from broker.handlers import api, response_class
+from broker.offsets import offset_for_timestamp, offset_of_max_timestamp
+from metadata import log as log_layer
+
+API_KEY = 2
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+LEADER_EPOCH = 0
+
+
+async def _answer(agent: Any, topic: Any, partition: int, timestamp: int) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "partition_index": partition,
+        "error_code": ErrorCode.none,
+        "timestamp": -1,
+        "offset": -1,
+        "leader_epoch": -1,
+        "old_style_offsets": [],
+    }
+    if topic is None or not 0 <= partition < topic.partitions:
+        answer["error_code"] = ErrorCode.unknown_topic_or_partition
+        return answer
+    state = await agent.kv.read(
+        lambda tr: log_layer.get_partition(tr, agent.sub, topic.topic_id, partition)
+    )
+    if state is None:
+        answer["error_code"] = ErrorCode.unknown_topic_or_partition
+        return answer
+    if timestamp == LATEST:
+        offset, ts = state.high_watermark, -1
+    elif timestamp in (EARLIEST, EARLIEST_LOCAL):
+        offset, ts = state.log_start_offset, -1
+    elif timestamp == LATEST_TIERED:
+        offset, ts = -1, -1  # nothing is tiered: Kafka answers -1 without remote storage
+    elif timestamp == MAX_TIMESTAMP:
+        offset, ts = await offset_of_max_timestamp(agent, topic.topic_id, partition, state.log_start_offset)
+    elif timestamp < 0:
+        answer["error_code"] = ErrorCode.invalid_request
+        return answer
+    else:
+        offset, ts = await offset_for_timestamp(
+            agent, topic.topic_id, partition, timestamp, state.log_start_offset
+        )
+    answer.update(offset=offset, timestamp=ts, leader_epoch=LEADER_EPOCH if offset >= 0 else -1)
+    return answer
+
+
+@api(API_KEY, 1, 8)
+async def handle(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    topics_out = []
+    for t in request.topics:
+        topic = await agent.topic(t.name)
+        parts = [await _answer(agent, topic, p.partition_index, p.timestamp) for p in t.partitions]
+        topics_out.append({"name": t.name, "partitions": parts})
+    return build(response_class(request), {"throttle_time": 0, "topics": topics_out})

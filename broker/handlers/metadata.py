@@ -1,0 +1,122 @@
+"""Metadata: live agents as brokers, topics with a leader per partition, auto-creation."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from broker.admin import create_topic
+from broker.entities import build
+from broker.handlers import api, response_class
+from metadata import topics as topics_layer
+from metadata.errors import MetadataError
+
+API_KEY = 3
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+ZERO_UUID = uuid.UUID(int=0)
+
+
+def partition_entries(agent: Any, topic: topics_layer.Topic) -> list[dict[str, Any]]:
+    entries = []
+    for p in range(topic.partitions):
+        leader = agent.leader_for(topic.topic_id, p)
+        entries.append(
+            {
+                "error_code": ErrorCode.none,
+                "partition_index": p,
+                "leader_id": leader,
+                "leader_epoch": 0,
+                "replica_nodes": [leader],
+                "isr_nodes": [leader],
+                "offline_replicas": [],
+                "eligible_leader_replicas": None,
+                "last_known_elr": None,
+            }
+        )
+    return entries
+
+
+def topic_entry(agent: Any, topic: topics_layer.Topic) -> dict[str, Any]:
+    return {
+        "error_code": ErrorCode.none,
+        "name": topic.name,
+        "topic_id": uuid.UUID(bytes=topic.topic_id),
+        "is_internal": False,
+        "partitions": partition_entries(agent, topic),
+        "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+    }
+
+
+def broker_entries(agent: Any) -> list[dict[str, Any]]:
+    return [
+        {"node_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
+        for a in agent.live_agents()
+    ]
+
+
+def error_topic(name: str | None, code: ErrorCode, topic_id: uuid.UUID | None = None) -> dict[str, Any]:
+    return {
+        "error_code": code,
+        "name": name,
+        "topic_id": topic_id or ZERO_UUID,
+        "is_internal": False,
+        "partitions": [],
+        "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+    }
+
+
+@api(API_KEY, 0, 12)
+async def handle(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    version = ctx.api_version
+    allow_auto = getattr(request, "allow_auto_topic_creation", True) and agent.config.auto_create_topics
+    requested = request.topics
+    if version == 0 and requested is not None and len(requested) == 0:
+        requested = None  # v0: an empty list means all topics
+    entries: list[dict[str, Any]] = []
+    if requested is None:
+        all_topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
+        entries = [topic_entry(agent, t) for t in all_topics]
+    else:
+        for wanted in requested:
+            name = getattr(wanted, "name", None)
+            topic_id = getattr(wanted, "topic_id", None)
+            if name is None and topic_id is not None and topic_id != ZERO_UUID:
+                topic = await agent.topic_by_id(topic_id.bytes)
+                entries.append(
+                    topic_entry(agent, topic)
+                    if topic is not None
+                    else error_topic(None, ErrorCode.unknown_topic_id, topic_id)
+                )
+                continue
+            if name is None:
+                entries.append(error_topic(None, ErrorCode.invalid_request))
+                continue
+            topic = await agent.topic(name)
+            if topic is None and allow_auto:
+                try:
+                    topic = await create_topic(agent, name, agent.config.default_partitions)
+                except MetadataError as exc:
+                    if exc.error_code == ErrorCode.topic_already_exists:
+                        topic = await agent.topic(name, fresh=True)
+                    else:
+                        entries.append(error_topic(name, exc.error_code))
+                        continue
+            entries.append(
+                topic_entry(agent, topic)
+                if topic is not None
+                else error_topic(name, ErrorCode.unknown_topic_or_partition)
+            )
+    return build(
+        response_class(request),
+        {
+            "throttle_time": 0,
+            "brokers": broker_entries(agent),
+            "cluster_id": agent.cluster_id,
+            "controller_id": agent.live_agents()[0].node_id,
+            "topics": entries,
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        },
+    )

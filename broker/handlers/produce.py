@@ -1,0 +1,109 @@
+"""Produce: validate each partition's batch, queue it for the next flush, answer after commit.
+
+Checks before queueing, each answered on its partition as Apache Kafka does: unknown
+topic or partition, exactly one magic-2 batch (INVALID_RECORD), CRC (CORRUPT_MESSAGE),
+size against max.message.bytes (MESSAGE_TOO_LARGE), no control batches from clients.
+Records are never decoded here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from broker.entities import build
+from broker.handlers import api, response_class
+from metadata.log import AppendResult
+from protocol.records import RecordBatchError, validate_batches
+
+API_KEY = 0
+VALID_ACKS = (-1, 0, 1)
+
+
+def _partition_answer(index: int, result: AppendResult, message: str | None = None) -> dict[str, Any]:
+    return {
+        "index": index,
+        "error_code": result.error,
+        "base_offset": result.base_offset,
+        "log_append_time": -1,
+        "log_start_offset": result.log_start_offset,
+        "record_errors": [],
+        "error_message": message,
+    }
+
+
+@api(API_KEY, 3, 11, advertised_min=0)
+async def handle(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    answers: dict[tuple[str, int], dict[str, Any]] = {}
+    order: list[tuple[str, int]] = []
+    queued: list[tuple[tuple[str, int], bytes, int, bytes, Any]] = []
+
+    for topic_data in request.topic_data:
+        name = topic_data.name
+        topic = await agent.topic(name)
+        for pdata in topic_data.partition_data:
+            key = (name, pdata.index)
+            order.append(key)
+            if request.acks not in VALID_ACKS:
+                answers[key] = _partition_answer(pdata.index, AppendResult(ErrorCode.invalid_required_acks))
+                continue
+            if topic is None or not 0 <= pdata.index < topic.partitions:
+                answers[key] = _partition_answer(
+                    pdata.index, AppendResult(ErrorCode.unknown_topic_or_partition)
+                )
+                continue
+            records = pdata.records or b""
+            max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
+            try:
+                views = validate_batches(records, max_bytes)
+                if len(views) != 1:
+                    raise RecordBatchError(
+                        ErrorCode.invalid_record,
+                        "Produce requests with version 3+ must have exactly one record batch "
+                        "per partition",
+                    )
+                view = views[0]
+                if view.is_control:
+                    raise RecordBatchError(
+                        ErrorCode.invalid_record, "Client produce requests must not carry control batches"
+                    )
+                if view.is_transactional or request.transactional_id is not None:
+                    raise RecordBatchError(
+                        ErrorCode.invalid_txn_state,
+                        "The producer attempted a transactional operation in an invalid state",
+                    )
+            except RecordBatchError as exc:
+                answers[key] = _partition_answer(
+                    pdata.index, AppendResult(exc.error_code), str(exc) or None
+                )
+                continue
+            queued.append((key, topic.topic_id, pdata.index, bytes(records), view))
+
+    async def append(key: tuple[str, int], topic_id: bytes, partition: int, data: bytes, view: Any) -> None:
+        result = await agent.pipeline.append(topic_id, partition, data, view)
+        answers[key] = _partition_answer(partition, result)
+
+    if len(queued) == 1:
+        await append(*queued[0])
+    elif queued:
+        async with anyio.create_task_group() as tg:
+            for item in queued:
+                tg.start_soon(append, *item)
+
+    if request.acks == 0:
+        return None
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for key in order:
+        topics.setdefault(key[0], []).append(answers[key])
+    return build(
+        response_class(request),
+        {
+            "responses": [
+                {"name": name, "partition_responses": parts} for name, parts in topics.items()
+            ],
+            "throttle_time": 0,
+        },
+    )

@@ -1,0 +1,189 @@
+"""The agent's TCP server: connections, ordered pipelining, and the agent's lifetime.
+
+Per connection, one task reads frames continuously and starts a handler task for each
+request; another task writes the answers strictly in request order. A Produce waiting
+for its flush therefore never stops the next request from being read. At most
+`MAX_IN_FLIGHT` requests per connection are pending; past that, reading pauses.
+
+A malformed frame closes the connection with a logged reason. Anything unexpected in a
+handler is logged and answered with UNKNOWN_SERVER_ERROR-shaped responses where the
+API allows, otherwise the connection is closed; the agent keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from broker.agent import Agent
+from broker.config import BrokerConfig
+from broker.handlers import REGISTRY, load_all
+from broker.handlers.errors import error_response
+from broker.sync import Promise
+from protocol.codec import UnsupportedVersion, decode_request, encode_response
+from protocol.framing import ProtocolError, ServerConnection
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 64
+READ_SIZE = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    agent: Agent
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    peer: str
+
+
+class _Close(Exception):
+    """Answer nothing more on this connection and close it."""
+
+
+async def _handle_frame(agent: Agent, frame: bytes, peer: str) -> bytes | None:
+    try:
+        request = decode_request(frame)
+    except UnsupportedVersion as exc:
+        from broker.handlers import api_versions
+
+        if exc.api_key == api_versions.API_KEY:
+            return encode_response(exc.correlation_id, api_versions.unsupported_version_answer())
+        raise _Close(
+            f"unsupported API key {exc.api_key} version {exc.api_version} from {peer}"
+        ) from None
+    header, body = request.header, request.body
+    api = REGISTRY.get(header.api_key)
+    if api is None or not api.supports(header.api_version):
+        if api is not None and header.api_key == 18:
+            from broker.handlers import api_versions
+
+            return encode_response(
+                header.correlation_id, api_versions.unsupported_version_answer()
+            )
+        raise _Close(f"unsupported API key {header.api_key} version {header.api_version} from {peer}")
+    ctx = RequestContext(agent, header.api_version, header.correlation_id, header.client_id, peer)
+    try:
+        response = await api.handler(body, ctx)
+    except Exception:
+        log.exception("%s v%d from %s failed", api.name, header.api_version, peer)
+        response = error_response(body)
+        if response is None:
+            raise _Close("no error answer for this request") from None
+    if response is None:
+        return None
+    return encode_response(header.correlation_id, response)
+
+
+async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> None:
+    try:
+        peer = "%s:%s" % stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+    except Exception:
+        peer = "?"
+    conn = ServerConnection(max_frame_size=agent.config.max_frame_bytes)
+    send: MemoryObjectSendStream[Promise[bytes | None]]
+    receive: MemoryObjectReceiveStream[Promise[bytes | None]]
+    send, receive = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
+
+    async def run_one(frame: bytes, slot: Promise[bytes | None]) -> None:
+        try:
+            slot.set(await _handle_frame(agent, frame, peer))
+        except _Close as exc:
+            slot.fail(exc)
+        except Exception as exc:
+            log.exception("request from %s failed", peer)
+            slot.fail(_Close(str(exc)))
+
+    async def writer() -> None:
+        async with receive:
+            async for slot in receive:
+                try:
+                    data = await slot.wait()
+                except _Close as exc:
+                    log.warning("closing connection from %s: %s", peer, exc)
+                    tg.cancel_scope.cancel()
+                    return
+                if data is not None:
+                    await stream.send(data)
+
+    try:
+        async with stream, anyio.create_task_group() as tg:
+            tg.start_soon(writer)
+            async with send:
+                while True:
+                    try:
+                        chunk = await stream.receive(READ_SIZE)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                        break
+                    conn.receive_data(chunk)
+                    while True:
+                        try:
+                            frame = conn.next_frame()
+                        except ProtocolError as exc:
+                            log.warning("closing connection from %s: %s", peer, exc)
+                            tg.cancel_scope.cancel()
+                            return
+                        if frame is None:
+                            break
+                        slot: Promise[bytes | None] = Promise()
+                        await send.send(slot)
+                        tg.start_soon(run_one, frame, slot)
+            # The peer closed its side: answer what is in flight, then close.
+    except (anyio.BrokenResourceError, ConnectionError, anyio.ClosedResourceError):
+        pass
+    except Exception:
+        log.exception("connection from %s failed", peer)
+
+
+async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
+    """Serve one agent until cancelled (or SIGTERM/SIGINT)."""
+    load_all()
+    agent = Agent.open(config)
+    try:
+        await agent.register()
+        listener = await anyio.create_tcp_listener(
+            local_host=config.host, local_port=config.port, reuse_port=False
+        )
+        log.info(
+            "bucketlog agent %d listening on %s:%d (cluster %s, metadata %s, storage %s)",
+            agent.node_id,
+            config.host,
+            config.port,
+            agent.cluster_id,
+            config.resolved_metadata_url,
+            config.resolved_storage_url,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.pipeline.run)
+            tg.start_soon(agent.lease_loop)
+            tg.start_soon(agent.watermark_loop)
+            tg.start_soon(_stop_on_signals, tg.cancel_scope)
+
+            async def serve_client(stream: anyio.abc.SocketStream) -> None:
+                await handle_connection(agent, stream)
+
+            tg.start_soon(listener.serve, serve_client)
+            if ready is not None:
+                ready()
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await agent.deregister()
+            except Exception:
+                log.exception("deregistration failed")
+            await agent.aclose()
+
+
+async def _stop_on_signals(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received signal %d, stopping", signum)
+            scope.cancel()
+            return

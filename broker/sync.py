@@ -1,0 +1,69 @@
+"""Small synchronisation values shared by the broker's tasks."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+
+class Promise(Generic[T]):
+    """A value that one task sets once and any number of tasks await."""
+
+    __slots__ = ("_event", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def set(self, value: T) -> None:
+        self._value = value
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> T:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+class Notifier:
+    """Wakes waiters on keys (here: partitions) when something about them changed."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[object, set[anyio.Event]] = {}
+
+    def notify(self, key: object) -> None:
+        for event in self._waiters.get(key, ()):
+            event.set()
+
+    def has_waiters(self) -> bool:
+        return bool(self._waiters)
+
+    def waited_keys(self) -> list[object]:
+        return list(self._waiters)
+
+    async def wait_any(self, keys: list[object]) -> None:
+        """Return when any of keys is notified (callers bound this with a deadline)."""
+        event = anyio.Event()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(event)
+        try:
+            await event.wait()
+        finally:
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[key]

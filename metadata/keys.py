@@ -1,0 +1,75 @@
+"""Key layout of the metadata store: the single source of truth.
+
+Every key is an FDB tuple inside the cluster's subspace ("bucketlog", <cluster name>), with
+a small integer tag first so that the keys of one kind sort together. Values are FDB tuples
+too unless noted.
+
+  (CLUSTER, "id")                                  cluster id (utf-8 bytes)
+  (CLUSTER, "next_producer_id")                    next producer id to hand out (tuple (n,))
+  (CLUSTER, "next_node_id")                        next broker node id to hand out (tuple (n,))
+  (NODE, "host:port")                              (node_id,) -- an address keeps its id
+  (AGENT, node_id)                                 (host, port, rack, lease_expires_ms)
+  (TOPIC_NAME, name)                               topic id (16 raw bytes)
+  (TOPIC, topic_id)                                (name, partition count, created_ms)
+  (TOPIC_CONFIG, topic_id, name)                   config value (utf-8 bytes)
+  (PARTITION, topic_id, partition)                 (high_watermark, log_start_offset)
+  (CHUNK, topic_id, partition, last_offset)        (object key, start, length, base_offset,
+                                                    batch count, max_timestamp)
+  (PRODUCER, producer_id)                          (epoch, transactional id or None)
+  (PRODUCER_STATE, producer_id, topic_id, part.)   (epoch, ((first_seq, last_seq,
+                                                    base_offset), ...)) last five batches
+  (OBJECT, key)                                    (size, live chunk count, created_ms)
+
+A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
+first key >= (CHUNK, topic, partition, X).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fdb.tuple as fdbtuple
+
+CLUSTER = 1
+NODE = 2
+AGENT = 3
+TOPIC_NAME = 4
+TOPIC = 5
+TOPIC_CONFIG = 6
+PARTITION = 7
+CHUNK = 8
+PRODUCER = 9
+PRODUCER_STATE = 10
+OBJECT = 11
+
+
+def pack_value(value: tuple[Any, ...]) -> bytes:
+    return bytes(fdbtuple.pack(value))
+
+
+def unpack_value(raw: bytes) -> tuple[Any, ...]:
+    return tuple(fdbtuple.unpack(raw))
+
+
+class Subspace:
+    """A key prefix; keys inside it are tuples packed after the prefix."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, prefix: tuple[Any, ...]) -> None:
+        self.raw = bytes(fdbtuple.pack(prefix))
+
+    def key(self, *parts: Any) -> bytes:
+        return self.raw + bytes(fdbtuple.pack(parts))
+
+    def unpack(self, key: bytes) -> tuple[Any, ...]:
+        return tuple(fdbtuple.unpack(key[len(self.raw) :]))
+
+    def range(self, *parts: Any) -> tuple[bytes, bytes]:
+        """[begin, end) of every key that extends the tuple `parts`."""
+        base = self.key(*parts)
+        return base + b"\x00", base + b"\xff"
+
+
+def cluster_subspace(cluster_name: str) -> Subspace:
+    return Subspace(("bucketlog", cluster_name))

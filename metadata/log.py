@@ -1,0 +1,197 @@
+"""Partition logs: high watermarks, log start offsets and the chunk index.
+
+`commit_ingest` is the one transaction that makes an uploaded ingest file part of the
+logs. For every partition it touches it reads the high watermark, checks each batch's
+producer sequence, gives accepted batches dense offsets from the watermark, writes one
+chunk entry per run of byte-contiguous accepted batches and advances the watermark. A
+rejected batch keeps its bytes in the object but gets no offsets and no entry.
+
+Offsets never move backwards: the watermark only grows, and it is read from the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
+
+from metadata import keys, producers
+from metadata.kv import ReadTransaction, Transaction
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    high_watermark: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEntry:
+    """A run of consecutive batches of one partition inside one object."""
+
+    object_key: str
+    start: int
+    length: int
+    base_offset: int
+    last_offset: int
+    batch_count: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingBatch:
+    """One produce batch, already uploaded inside an ingest file, waiting for offsets."""
+
+    topic_id: bytes
+    partition: int
+    start: int  # byte range inside the object
+    length: int
+    last_offset_delta: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    error: ErrorCode
+    base_offset: int = -1
+    log_start_offset: int = -1
+
+
+def get_partition(
+    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int
+) -> PartitionState | None:
+    raw = tr.get(sub.key(keys.PARTITION, topic_id, partition))
+    if raw is None:
+        return None
+    hwm, log_start = keys.unpack_value(raw)
+    return PartitionState(int(hwm), int(log_start))
+
+
+def _put_partition(
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, state: PartitionState
+) -> None:
+    tr.set(
+        sub.key(keys.PARTITION, topic_id, partition),
+        keys.pack_value((state.high_watermark, state.log_start_offset)),
+    )
+
+
+def _entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
+    last_offset = sub.unpack(key)[3]
+    object_key, start, length, base, count, max_ts = keys.unpack_value(value)
+    return ChunkEntry(object_key, int(start), int(length), int(base), int(last_offset), int(count), int(max_ts))
+
+
+def read_chunks(
+    tr: ReadTransaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    from_offset: int,
+    limit: int = 0,
+) -> list[ChunkEntry]:
+    """Entries holding offsets >= from_offset, in offset order."""
+    _begin, end = sub.range(keys.CHUNK, topic_id, partition)
+    begin = sub.key(keys.CHUNK, topic_id, partition, from_offset)
+    return [_entry(sub, k, v) for k, v in tr.get_range(begin, end, limit=limit)]
+
+
+def commit_ingest(
+    tr: Transaction,
+    sub: keys.Subspace,
+    object_key: str,
+    object_size: int,
+    now_ms: int,
+    batches: Sequence[PendingBatch],
+) -> list[AppendResult]:
+    """Give the batches of one uploaded object their offsets; results in input order.
+
+    Batches of one partition must appear in the order they were received.
+    """
+    results: list[AppendResult | None] = [None] * len(batches)
+    by_partition: dict[tuple[bytes, int], list[int]] = {}
+    for i, batch in enumerate(batches):
+        by_partition.setdefault((batch.topic_id, batch.partition), []).append(i)
+
+    live_chunks = 0
+    registered_cache: dict[int, producers.ProducerIdentity | None] = {}
+    for (topic_id, partition), indexes in by_partition.items():
+        state = get_partition(tr, sub, topic_id, partition)
+        if state is None:  # deleted (or shrunk) while the object was uploading
+            for i in indexes:
+                results[i] = AppendResult(ErrorCode.unknown_topic_or_partition)
+            continue
+        hwm = state.high_watermark
+        run: list[PendingBatch] = []
+        run_base = hwm
+        producer_states: dict[int, producers.PartitionProducerState | None] = {}
+
+        def close_run() -> None:
+            nonlocal live_chunks, run, run_base
+            if run:
+                first, last = run[0], run[-1]
+                tr.set(
+                    sub.key(keys.CHUNK, topic_id, partition, hwm - 1),
+                    keys.pack_value(
+                        (
+                            object_key,
+                            first.start,
+                            last.start + last.length - first.start,
+                            run_base,
+                            len(run),
+                            max(b.max_timestamp for b in run),
+                        )
+                    ),
+                )
+                live_chunks += 1
+            run = []
+            run_base = hwm
+
+        for i in indexes:
+            batch = batches[i]
+            if batch.producer_id >= 0:
+                pid = batch.producer_id
+                if pid not in registered_cache:
+                    registered_cache[pid] = producers.get_producer(tr, sub, pid)
+                if pid not in producer_states:
+                    producer_states[pid] = producers.load_partition_state(
+                        tr, sub, pid, topic_id, partition
+                    )
+                last_seq = producers.last_sequence_of(batch.base_sequence, batch.last_offset_delta)
+                check = producers.check_batch(
+                    registered_cache[pid],
+                    producer_states[pid],
+                    batch.producer_epoch,
+                    batch.base_sequence,
+                    last_seq,
+                )
+                if check.error != ErrorCode.none or check.duplicate_of is not None:
+                    close_run()
+                    results[i] = AppendResult(
+                        check.error,
+                        check.duplicate_of if check.duplicate_of is not None else -1,
+                        state.log_start_offset,
+                    )
+                    continue
+                producer_states[pid] = producers.record_append(
+                    producer_states[pid], batch.producer_epoch, batch.base_sequence, last_seq, hwm
+                )
+            if run and run[-1].start + run[-1].length != batch.start:
+                close_run()
+            run.append(batch)
+            results[i] = AppendResult(ErrorCode.none, hwm, state.log_start_offset)
+            hwm += batch.last_offset_delta + 1
+        close_run()
+        if hwm != state.high_watermark:
+            _put_partition(tr, sub, topic_id, partition, PartitionState(hwm, state.log_start_offset))
+        for pid, pstate in producer_states.items():
+            if pstate is not None:
+                producers.store_partition_state(tr, sub, pid, topic_id, partition, pstate)
+
+    if live_chunks:
+        tr.set(sub.key(keys.OBJECT, object_key), keys.pack_value((object_size, live_chunks, now_ms)))
+    return [r if r is not None else AppendResult(ErrorCode.unknown_server_error) for r in results]

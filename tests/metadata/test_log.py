@@ -1,0 +1,170 @@
+"""The append transaction: dense offsets, chunk entries, idempotent-producer rules."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from metadata import cluster, keys, log, producers, topics
+from metadata.sqlite_kv import SQLiteKV
+
+SUB = keys.cluster_subspace("test")
+
+
+@pytest.fixture
+def kv(tmp_path):
+    store = SQLiteKV(str(tmp_path / "meta.db"))
+    yield store
+    store.transact_sync(lambda tr: None)
+
+
+@pytest.fixture
+def topic(kv) -> topics.Topic:
+    return kv.transact_sync(
+        lambda tr: topics.create_topic(tr, SUB, "t", uuid.uuid4().bytes, 2, {}, 0)
+    )
+
+
+def batch(topic, partition, start, count, *, pid=-1, epoch=-1, seq=-1, length=100, ts=1000):
+    return log.PendingBatch(
+        topic_id=topic.topic_id,
+        partition=partition,
+        start=start,
+        length=length,
+        last_offset_delta=count - 1,
+        max_timestamp=ts,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+    )
+
+
+def commit(kv, batches, key="obj-1"):
+    return kv.transact_sync(lambda tr: log.commit_ingest(tr, SUB, key, 10_000, 5, batches))
+
+
+def new_producer(kv) -> int:
+    def txn(tr):
+        pid = cluster.allocate_producer_id(tr, SUB)
+        producers.put_producer(tr, SUB, producers.ProducerIdentity(pid, 0, None))
+        return pid
+
+    return kv.transact_sync(txn)
+
+
+def test_offsets_are_dense_per_partition_and_runs_become_one_entry(kv, topic):
+    results = commit(
+        kv,
+        [batch(topic, 0, 8, 3), batch(topic, 1, 108, 2), batch(topic, 0, 208, 5, length=50)],
+    )
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 3),
+    ]
+    results = commit(kv, [batch(topic, 0, 8, 1)], key="obj-2")
+    assert results[0].base_offset == 8
+    state = kv.transact_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
+    assert state == log.PartitionState(9, 0)
+    entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    # batches at 8 (len 100) and 208 are not byte-contiguous: two entries in obj-1
+    assert [(e.object_key, e.start, e.length, e.base_offset, e.last_offset) for e in entries] == [
+        ("obj-1", 8, 100, 0, 2),
+        ("obj-1", 208, 50, 3, 7),
+        ("obj-2", 8, 100, 8, 8),
+    ]
+    # the entry holding offset 5 is found by its last offset
+    found = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 5, 1))
+    assert found[0].base_offset == 3
+
+
+def test_contiguous_batches_share_an_entry(kv, topic):
+    commit(kv, [batch(topic, 0, 0, 2), batch(topic, 0, 100, 3)])
+    entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    assert [(e.start, e.length, e.base_offset, e.last_offset, e.batch_count) for e in entries] == [
+        (0, 200, 0, 4, 2)
+    ]
+
+
+def test_deleted_topic_gets_unknown_topic(kv, topic):
+    kv.transact_sync(lambda tr: topics.delete_topic(tr, SUB, "t"))
+    (result,) = commit(kv, [batch(topic, 0, 0, 1)])
+    assert result.error == ErrorCode.unknown_topic_or_partition
+
+
+def test_idempotent_duplicate_is_answered_with_the_original_offset(kv, topic):
+    pid = new_producer(kv)
+    commit(kv, [batch(topic, 0, 0, 1)])  # someone else's record first
+    (first,) = commit(kv, [batch(topic, 0, 0, 4, pid=pid, epoch=0, seq=0)], key="o2")
+    assert (first.error, first.base_offset) == (ErrorCode.none, 1)
+    (retry,) = commit(kv, [batch(topic, 0, 0, 4, pid=pid, epoch=0, seq=0)], key="o3")
+    assert (retry.error, retry.base_offset) == (ErrorCode.none, 1)
+    state = kv.transact_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
+    assert state.high_watermark == 5  # the retry took no offsets
+    (nxt,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=4)], key="o4")
+    assert (nxt.error, nxt.base_offset) == (ErrorCode.none, 5)
+
+
+def test_duplicate_inside_one_flush_is_stored_once(kv, topic):
+    pid = new_producer(kv)
+    results = commit(
+        kv,
+        [
+            batch(topic, 0, 0, 2, pid=pid, epoch=0, seq=0),
+            batch(topic, 0, 100, 2, pid=pid, epoch=0, seq=0),
+            batch(topic, 0, 200, 2, pid=pid, epoch=0, seq=2),
+        ],
+    )
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 2),
+    ]
+    entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    assert [(e.start, e.length, e.base_offset) for e in entries] == [(0, 100, 0), (200, 100, 2)]
+
+
+def test_sequence_gap_is_out_of_order(kv, topic):
+    pid = new_producer(kv)
+    commit(kv, [batch(topic, 0, 0, 2, pid=pid, epoch=0, seq=0)])
+    (gap,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=5)], key="o2")
+    assert gap.error == ErrorCode.out_of_order_sequence_number
+    state = kv.transact_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
+    assert state.high_watermark == 2
+
+
+def test_stale_epoch_is_fenced_and_new_epoch_must_start_at_zero(kv, topic):
+    pid = new_producer(kv)
+    commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=3, seq=0)])
+    (stale,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=2, seq=1)], key="o2")
+    assert stale.error == ErrorCode.invalid_producer_epoch
+    (bad_new,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=4, seq=7)], key="o3")
+    assert bad_new.error == ErrorCode.out_of_order_sequence_number
+    (good_new,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=4, seq=0)], key="o4")
+    assert (good_new.error, good_new.base_offset) == (ErrorCode.none, 1)
+
+
+def test_unknown_producer_id(kv, topic):
+    (result,) = commit(kv, [batch(topic, 0, 0, 1, pid=987654, epoch=0, seq=0)])
+    assert result.error == ErrorCode.unknown_producer_id
+
+
+def test_sequence_wraps_at_int32_max(kv, topic):
+    pid = new_producer(kv)
+    top = 2**31 - 1
+    commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=top - 1)])
+    commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=top)], key="o2")
+    (wrapped,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=0)], key="o3")
+    assert (wrapped.error, wrapped.base_offset) == (ErrorCode.none, 2)
+
+
+def test_only_last_five_batches_are_remembered(kv, topic):
+    pid = new_producer(kv)
+    for seq in range(7):
+        commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=seq)], key=f"o{seq}")
+    (recent,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=3)], key="r1")
+    assert (recent.error, recent.base_offset) == (ErrorCode.none, 3)
+    (old,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=1)], key="r2")
+    assert old.error == ErrorCode.out_of_order_sequence_number

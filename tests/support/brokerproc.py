@@ -1,0 +1,109 @@
+"""Start and stop real `bucketlog serve` processes for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` consecutive free ports on 127.0.0.1."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return list(range(base, base + count))
+    raise RuntimeError("no free port range")
+
+
+def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+@dataclass
+class BrokerProcess:
+    data_dir: Path
+    port: int
+    agents: int = 1
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ports(self) -> list[int]:
+        return list(range(self.port, self.port + self.agents))
+
+    def start(self) -> BrokerProcess:
+        self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
+        args = [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--agents",
+            str(self.agents),
+            *self.extra_args,
+        ]
+        env = {**os.environ, **self.env}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        for port in self.ports:
+            wait_for_port(port, proc=self.proc)
+        return self
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def kill9(self) -> None:
+        """Kill the broker (and its agent children) without any chance to clean up."""
+        assert self.proc is not None
+        if self.agents > 1:
+            subprocess.run(["pkill", "-9", "-P", str(self.proc.pid)], check=False)
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.kill9()
