@@ -1,0 +1,446 @@
+"""The SQLite backend of the metadata KV store (the embedded default).
+
+Rules:
+
+* One table, `kv(key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID`: keys sort
+  bytewise (SQLite compares BLOBs with memcmp, shorter first on a common prefix), exactly
+  like FoundationDB keys. Keys must be `bytes`; a `str` would be stored as TEXT and sort
+  apart from every BLOB, so it is refused.
+* WAL mode, so readers never block the writer and several processes on one host (several
+  broker agents) can share the file. `synchronous=FULL`: every read-write commit fsyncs the
+  WAL before it returns, because the broker acknowledges produces after the commit and an
+  acknowledged record must survive power loss.
+* Read-write transactions start with `BEGIN IMMEDIATE`, which takes SQLite's single write
+  lock up front: at most one read-write transaction runs at a time across all threads and
+  processes, so they are serializable and never conflict half-way. Inside one process the
+  writers queue on a Python lock first (shared by every `SQLiteKV` on the same file) rather
+  than polling SQLite's lock in its busy handler.
+* Read transactions start with a deferred `BEGIN`: the first read pins one WAL snapshot,
+  and every later read of the same transaction sees that snapshot while writers commit.
+* The whole transaction function is retried when SQLite reports SQLITE_BUSY or
+  SQLITE_LOCKED (even if the function swallowed the error), with jittered exponential
+  backoff, until `retry_deadline` seconds have passed; then `KVError` is raised. An
+  exception raised by the function itself rolls the transaction back and propagates
+  unchanged, with no retry. Other SQLite failures become `KVError`.
+* Connections come from a small pool; each is used by one thread at a time
+  (`check_same_thread=False` only lets it move between threads). All PRAGMAs are set once
+  per connection, never per transaction; sqlite3 caches the prepared statements. A store
+  opened before `fork()` refuses to run in the child: open it again there.
+* Waiting for another *process's* write lock uses SQLite's busy handler, which sleeps and
+  polls and is not fair: near saturation one process's commit can wait for hundreds of
+  milliseconds while another process commits back to back.
+* `transact`/`read` run the function in a worker thread (`anyio.to_thread.run_sync`) with a
+  `CapacityLimiter` as large as the pool. A cancelled `await` does not abandon the thread:
+  the transaction always finishes (commit or rollback) and its connection goes back to the
+  pool clean. As with FoundationDB's `commit_unknown_result`, a cancelled caller cannot
+  know whether the transaction committed.
+* `add` is FoundationDB's atomic ADD on 8-byte little-endian signed integers: a missing
+  key counts as 0, a shorter stored value is zero-extended and a longer one truncated to 8
+  bytes, and the sum wraps modulo 2**64 (two's complement), like FDB's i64 add. SQLite
+  gives no extra concurrency for it (the write lock is held anyway); it is read + write.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from metadata.kv import KVError, decode_i64, encode_i64
+
+if TYPE_CHECKING:
+    from metadata.kv import KV, ReadTransaction, Transaction
+
+T = TypeVar("T")
+TxT = TypeVar("TxT", bound="_ReadTx")
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS kv(key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
+_GET = "SELECT value FROM kv WHERE key = ?"
+# An upsert updates the row in place; INSERT OR REPLACE would delete and re-insert it.
+_SET = (
+    "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+_CLEAR = "DELETE FROM kv WHERE key = ?"
+_CLEAR_RANGE = "DELETE FROM kv WHERE key >= ? AND key < ?"
+_RANGE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key LIMIT ?"
+_RANGE_REVERSE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key DESC LIMIT ?"
+
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+# Primary result codes (the low byte of an extended code) that mean "another connection
+# holds a lock right now": the transaction can be retried from the start.
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+
+# Backoff between retries: starts at 1 ms, doubles, capped so that a waiter notices a free
+# lock soon after it is released; half of each delay is random so that competing
+# processes do not retry in lock-step.
+_BACKOFF_FIRST = 0.001
+_BACKOFF_CAP = 0.05
+
+
+class _Retry(KVError):
+    """SQLite said BUSY/LOCKED: roll back and run the whole transaction function again."""
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    # Only reached if the driver gave no code; these are SQLite's messages for the two.
+    message = str(exc)
+    return "database is locked" in message or "database table is locked" in message
+
+
+def _wrap(exc: sqlite3.Error) -> KVError:
+    if _is_busy(exc):
+        return _Retry(f"SQLite busy: {exc}")
+    return KVError(f"SQLite error: {exc}")
+
+
+def _check_key(key: object) -> None:
+    if type(key) is not bytes:
+        raise TypeError(f"keys must be bytes, not {type(key).__name__}")
+
+
+# One writer lock per database file per process, shared by every SQLiteKV opened on it,
+# so that in-process writers queue here instead of in SQLite's sleeping busy handler.
+_WRITE_LOCKS: dict[str, threading.Lock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock_for(path: str) -> threading.Lock:
+    with _WRITE_LOCKS_GUARD:
+        lock = _WRITE_LOCKS.get(path)
+        if lock is None:
+            lock = _WRITE_LOCKS[path] = threading.Lock()
+        return lock
+
+
+class _ReadTx:
+    """A `ReadTransaction` bound to one SQLite transaction on one connection."""
+
+    __slots__ = ("_conn", "_open", "_error")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._open = True
+        # The first SQLite error seen by any operation. Remembered so that the runner
+        # retries (BUSY) or fails even if the transaction function swallowed the exception.
+        self._error: sqlite3.Error | None = None
+
+    def _execute(self, sql: str, params: tuple[object, ...]) -> sqlite3.Cursor:
+        if not self._open:
+            raise KVError("transaction used after its function returned")
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            if self._error is None:
+                self._error = exc
+            raise _wrap(exc) from exc
+
+    def get(self, key: bytes) -> bytes | None:
+        _check_key(key)
+        row = self._execute(_GET, (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def get_range(
+        self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        """Pairs with begin <= key < end, in key order (descending if reverse); limit 0 = all."""
+        _check_key(begin)
+        _check_key(end)
+        if limit < 0:
+            raise ValueError("limit must be >= 0 (0 means no limit)")
+        if begin >= end:
+            return []
+        # SQLite reads LIMIT -1 as "no limit".
+        rows = self._execute(
+            _RANGE_REVERSE if reverse else _RANGE, (begin, end, limit or -1)
+        ).fetchall()
+        return [(bytes(k), bytes(v)) for k, v in rows]
+
+
+class _Tx(_ReadTx):
+    """A read-write `Transaction`: its writes are visible to its own later reads."""
+
+    __slots__ = ()
+
+    def set(self, key: bytes, value: bytes) -> None:
+        _check_key(key)
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(f"values must be bytes, not {type(value).__name__}")
+        self._execute(_SET, (key, value))
+
+    def clear(self, key: bytes) -> None:
+        _check_key(key)
+        self._execute(_CLEAR, (key,))
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        """Remove every key with begin <= key < end."""
+        _check_key(begin)
+        _check_key(end)
+        if begin < end:
+            self._execute(_CLEAR_RANGE, (begin, end))
+
+    def add(self, key: bytes, delta: int) -> None:
+        """FDB atomic ADD: value += delta as little-endian i64, missing = 0, wrapping."""
+        if not _I64_MIN <= delta <= _I64_MAX:
+            raise ValueError(f"add: delta {delta} is outside the signed 64-bit range")
+        total = decode_i64(self.get(key)) + delta
+        # Wrap into [-2**63, 2**63) like a two's-complement 64-bit add.
+        wrapped = ((total - _I64_MIN) & 0xFFFF_FFFF_FFFF_FFFF) + _I64_MIN
+        self._execute(_SET, (key, encode_i64(wrapped)))
+
+
+class _Pool:
+    """At most `size` connections, each lent to one thread at a time (LIFO: warm first)."""
+
+    def __init__(self, factory: Callable[[], sqlite3.Connection], size: int) -> None:
+        self._factory = factory
+        self._size = size
+        self._idle: list[sqlite3.Connection] = []
+        self._created = 0
+        self._closed = False
+        self._cond = threading.Condition(threading.Lock())
+        # SQLite connections must not cross fork(): the child would share their file
+        # descriptors and lock bookkeeping with the parent.
+        self._pid = os.getpid()
+
+    def acquire(self, deadline: float) -> sqlite3.Connection:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise KVError("the SQLite KV store is closed")
+                if os.getpid() != self._pid:
+                    raise KVError("SQLiteKV was opened before fork(): open it in this process")
+                if self._idle:
+                    return self._idle.pop()
+                if self._created < self._size:
+                    self._created += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KVError("no SQLite connection became free before the deadline")
+                self._cond.wait(remaining)
+        # Connect outside the pool lock: opening may wait on another process's lock.
+        try:
+            return self._factory()
+        except BaseException:
+            with self._cond:
+                self._created -= 1
+                self._cond.notify()
+            raise
+
+    def release(self, conn: sqlite3.Connection, *, broken: bool = False) -> None:
+        with self._cond:
+            keep = not (broken or self._closed)
+            if keep:
+                self._idle.append(conn)
+            else:
+                self._created -= 1
+            self._cond.notify()
+        if not keep:
+            conn.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._created -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
+class SQLiteKV:
+    """The `KV` store in one SQLite file, shared safely by threads and processes.
+
+    `path` is a file path (parent folders are created). `pool_size` bounds the connections
+    and the worker threads used by `transact`/`read`; it is small on purpose: SQLite has one
+    writer and Python one GIL, so more threads add contention, not throughput, and a few
+    are enough for reads to overlap a commit's fsync. `busy_timeout` is how long SQLite
+    itself waits for another process's lock in one attempt; `retry_deadline` is how long a
+    transaction keeps being retried before `KVError`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        pool_size: int = 4,
+        busy_timeout: float = 5.0,
+        retry_deadline: float = 30.0,
+    ) -> None:
+        path = os.fspath(path)
+        if not path or path == ":memory:" or path.startswith("file:"):
+            # Each pooled connection would get its own private in-memory database.
+            raise ValueError(f"SQLiteKV needs a file path, got {path!r}")
+        if pool_size < 1:
+            raise ValueError("pool_size must be >= 1")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._busy_timeout = busy_timeout
+        self._retry_deadline = retry_deadline
+        self._write_lock = _write_lock_for(os.path.realpath(path))
+        self._pool = _Pool(self._connect, pool_size)
+        self._limiter = anyio.CapacityLimiter(pool_size)
+        self._schema_ready = False
+        self._schema_guard = threading.Lock()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: the driver never opens transactions by itself; we issue
+        # BEGIN/COMMIT/ROLLBACK explicitly.
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            cached_statements=32,
+        )
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise KVError(f"SQLite refused WAL mode for {self._path!r} (got {mode!r})")
+            conn.execute("PRAGMA synchronous=FULL")
+            # Shrink the WAL back after a large transaction instead of keeping its peak size.
+            conn.execute("PRAGMA journal_size_limit=67108864")
+            with self._schema_guard:
+                if not self._schema_ready:
+                    conn.execute(_SCHEMA)
+                    self._schema_ready = True
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    # -- running transactions ----------------------------------------------------------
+
+    def _run(self, fn: Callable[[TxT], T], make_tx: Callable[[sqlite3.Connection], TxT]) -> T:
+        deadline = time.monotonic() + self._retry_deadline
+        delay = _BACKOFF_FIRST
+        while True:
+            try:
+                return self._attempt(fn, make_tx, deadline)
+            except _Retry as exc:
+                pause = delay / 2 + random.uniform(0.0, delay / 2)
+                if time.monotonic() + pause > deadline:
+                    raise KVError(
+                        f"SQLite stayed busy for {self._retry_deadline:g} s: {exc}"
+                    ) from exc.__cause__
+                time.sleep(pause)
+                delay = min(delay * 2, _BACKOFF_CAP)
+
+    def _attempt(
+        self,
+        fn: Callable[[TxT], T],
+        make_tx: Callable[[sqlite3.Connection], TxT],
+        deadline: float,
+    ) -> T:
+        write = make_tx is _Tx
+        try:
+            conn = self._pool.acquire(deadline)
+        except sqlite3.Error as exc:
+            raise _wrap(exc) from exc
+        broken = False
+        locked = False
+        try:
+            if write:
+                locked = self._write_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+                if not locked:
+                    raise KVError("timed out waiting for this process's SQLite writer lock")
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                broken = not self._rollback(conn)
+                raise _wrap(exc) from exc
+            tr = make_tx(conn)
+            try:
+                result = fn(tr)
+            except BaseException as exc:
+                tr._open = False
+                broken = not self._rollback(conn)
+                if isinstance(exc, Exception) and tr._error is not None and _is_busy(tr._error):
+                    # The function failed because SQLite was busy under it: run it again.
+                    # (Interrupts and cancellations still propagate.)
+                    raise _Retry(f"SQLite busy: {tr._error}") from tr._error
+                raise
+            tr._open = False
+            if tr._error is not None:
+                # The function swallowed a failed operation; its view may be incomplete,
+                # so do not commit what it wrote.
+                broken = not self._rollback(conn)
+                raise _wrap(tr._error) from tr._error
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # A failed COMMIT leaves the transaction open (BUSY) or already undone.
+                broken = not self._rollback(conn)
+                raise _wrap(exc) from exc
+            return result
+        finally:
+            if locked:
+                self._write_lock.release()
+            self._pool.release(conn, broken=broken)
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> bool:
+        """Roll back if a transaction is open; False if the connection is unusable."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            return False
+        return not conn.in_transaction
+
+    # -- the KV interface --------------------------------------------------------------
+
+    def transact_sync(self, fn: Callable[[Transaction], T]) -> T:
+        """Run fn in a read-write transaction, retrying it when busy; return its result."""
+        return self._run(fn, _Tx)
+
+    def read_sync(self, fn: Callable[[ReadTransaction], T]) -> T:
+        """Blocking form of `read`: fn sees one consistent snapshot."""
+        return self._run(fn, _ReadTx)
+
+    async def transact(self, fn: Callable[[Transaction], T]) -> T:
+        """Run fn in a read-write transaction in a worker thread; return its result."""
+        # abandon_on_cancel=False: a cancelled caller still waits for the thread, so the
+        # transaction ends (commit or rollback) and its connection goes back clean.
+        return await anyio.to_thread.run_sync(
+            self.transact_sync, fn, abandon_on_cancel=False, limiter=self._limiter
+        )
+
+    async def read(self, fn: Callable[[ReadTransaction], T]) -> T:
+        """Run fn in a read-only transaction (one snapshot) in a worker thread."""
+        return await anyio.to_thread.run_sync(
+            self.read_sync, fn, abandon_on_cancel=False, limiter=self._limiter
+        )
+
+    def close(self) -> None:
+        """Close idle connections now and busy ones when their transaction ends."""
+        self._pool.close()
+
+    async def aclose(self) -> None:
+        # Closing the last connection checkpoints the WAL (file I/O): keep it off the loop.
+        await anyio.to_thread.run_sync(self.close)
+
+
+if TYPE_CHECKING:
+    # mypy checks here that SQLiteKV implements the KV protocol.
+    _check: KV = SQLiteKV("")
