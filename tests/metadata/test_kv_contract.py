@@ -1,0 +1,715 @@
+"""The contract every metadata KV backend must meet (metadata/kv.py), run on each backend.
+
+Tests that take `kv` or `backend` run once per backend (see conftest.py). At the end are
+tests of the tuple-key helpers and of behaviour only the SQLite backend has (its file
+settings, lock retries, connection pool), which are not parametrized.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from metadata import tuple as kt
+from metadata.kv import KV, KVError, ReadTransaction, Transaction, decode_i64, encode_i64
+from metadata.sqlite_kv import SQLiteKV
+
+if TYPE_CHECKING:
+    from tests.metadata.conftest import Backend
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+I64_MIN = -(1 << 63)
+I64_MAX = (1 << 63) - 1
+
+
+def _put(kv: KV, items: dict[bytes, bytes]) -> None:
+    def fn(tr: Transaction) -> None:
+        for k, v in items.items():
+            tr.set(k, v)
+
+    kv.transact_sync(fn)
+
+
+def _get(kv: KV, key: bytes) -> bytes | None:
+    return kv.transact_sync(lambda tr: tr.get(key))
+
+
+def _all(kv: KV) -> list[tuple[bytes, bytes]]:
+    return kv.transact_sync(lambda tr: tr.get_range(b"", b"\xff"))
+
+
+def _incr(key: bytes) -> Any:
+    """A read-increment-write transaction function (deliberately not `add`)."""
+
+    def fn(tr: Transaction) -> int:
+        value = decode_i64(tr.get(key)) + 1
+        tr.set(key, encode_i64(value))
+        return value
+
+    return fn
+
+
+# -- basic operations -------------------------------------------------------------------
+
+
+def test_get_set_clear(kv: KV) -> None:
+    assert _get(kv, b"a") is None
+    _put(kv, {b"a": b"1", b"b": b""})
+    assert _get(kv, b"a") == b"1"
+    assert _get(kv, b"b") == b""  # an empty value is a value, not a missing key
+    _put(kv, {b"a": b"2"})
+    assert _get(kv, b"a") == b"2"
+    kv.transact_sync(lambda tr: tr.clear(b"a"))
+    kv.transact_sync(lambda tr: tr.clear(b"never-set"))  # clearing a missing key is fine
+    assert _get(kv, b"a") is None
+    # Binary keys, including the bytes the tuple encoding escapes.
+    binary = {b"\x00": b"zero", b"\x00\xff": b"esc", b"\xfe\xff": b"high"}
+    _put(kv, binary)
+    for k, v in binary.items():
+        assert _get(kv, k) == v
+
+
+async def test_async_transact_and_read_return_results(kv: KV) -> None:
+    def write(tr: Transaction) -> str:
+        tr.set(b"k", b"v")
+        return "done"
+
+    assert await kv.transact(write) == "done"
+    assert await kv.read(lambda tr: tr.get(b"k")) == b"v"
+    assert await kv.read(lambda tr: tr.get(b"missing")) is None
+
+
+def test_get_range_bounds_order_and_limits(kv: KV) -> None:
+    keys = [b"a", b"b", b"c", b"c\x00", b"ca", b"d", b"e", b"f"]
+    _put(kv, {k: k.upper() for k in keys})
+
+    def rng(begin: bytes, end: bytes, **kw: Any) -> list[bytes]:
+        return [k for k, _ in kv.transact_sync(lambda tr: tr.get_range(begin, end, **kw))]
+
+    # begin inclusive, end exclusive, bytewise order (a prefix sorts first).
+    assert rng(b"c", b"e") == [b"c", b"c\x00", b"ca", b"d"]
+    assert rng(b"b\xff", b"ca") == [b"c", b"c\x00"]
+    assert rng(b"", b"\xff") == keys
+    assert rng(b"c", b"e", reverse=True) == [b"d", b"ca", b"c\x00", b"c"]
+    assert rng(b"c", b"e", limit=2) == [b"c", b"c\x00"]
+    assert rng(b"c", b"e", limit=2, reverse=True) == [b"d", b"ca"]
+    assert rng(b"c", b"e", limit=0) == rng(b"c", b"e")  # 0 = no limit
+    assert rng(b"c", b"e", limit=100) == rng(b"c", b"e")
+    assert rng(b"", b"\xff", limit=1, reverse=True) == [b"f"]
+    assert rng(b"c", b"c") == []  # empty and inverted ranges hold nothing
+    assert rng(b"e", b"c") == []
+    assert rng(b"g", b"z") == []
+    pairs = kv.transact_sync(lambda tr: tr.get_range(b"a", b"b\x00"))
+    assert pairs == [(b"a", b"A"), (b"b", b"B")]
+
+
+def test_clear_range(kv: KV) -> None:
+    keys = [b"a", b"b", b"b\x00", b"bz", b"c", b"d"]
+    _put(kv, {k: b"x" for k in keys})
+    kv.transact_sync(lambda tr: tr.clear_range(b"b", b"c"))
+    assert [k for k, _ in _all(kv)] == [b"a", b"c", b"d"]  # end (c) is kept
+    kv.transact_sync(lambda tr: tr.clear_range(b"d", b"a"))  # inverted: no-op
+    kv.transact_sync(lambda tr: tr.clear_range(b"c", b"c"))  # empty: no-op
+    assert [k for k, _ in _all(kv)] == [b"a", b"c", b"d"]
+    kv.transact_sync(lambda tr: tr.clear_range(b"", b"\xff"))
+    assert _all(kv) == []
+
+
+def test_atomic_add(kv: KV) -> None:
+    kv.transact_sync(lambda tr: tr.add(b"n", 5))  # a missing key counts as 0
+    assert _get(kv, b"n") == encode_i64(5)
+    assert _get(kv, b"n") == (5).to_bytes(8, "little", signed=True)
+    kv.transact_sync(lambda tr: tr.add(b"n", -7))
+    assert decode_i64(_get(kv, b"n")) == -2
+    kv.transact_sync(lambda tr: tr.add(b"m", -3))
+    assert _get(kv, b"m") == (-3).to_bytes(8, "little", signed=True)
+
+    def many(tr: Transaction) -> None:
+        for delta in (10, -1, 100, -1000):
+            tr.add(b"n", delta)
+
+    kv.transact_sync(many)
+    assert decode_i64(_get(kv, b"n")) == -2 + 10 - 1 + 100 - 1000
+
+    # FDB semantics: a shorter stored value is zero-extended, the sum wraps like i64.
+    _put(kv, {b"short": b"\x01\x01"})
+    kv.transact_sync(lambda tr: tr.add(b"short", 1))
+    assert decode_i64(_get(kv, b"short")) == 0x0102
+    _put(kv, {b"top": encode_i64(I64_MAX), b"bottom": encode_i64(I64_MIN)})
+
+    def wrap(tr: Transaction) -> None:
+        tr.add(b"top", 1)
+        tr.add(b"bottom", -1)
+
+    kv.transact_sync(wrap)
+    assert decode_i64(_get(kv, b"top")) == I64_MIN
+    assert decode_i64(_get(kv, b"bottom")) == I64_MAX
+
+    with pytest.raises(ValueError):
+        kv.transact_sync(lambda tr: tr.add(b"n", 1 << 63))  # not an i64 delta
+
+
+def test_large_values(kv: KV, backend: Backend) -> None:
+    size = backend.large_value_size  # 1 MiB on SQLite; FoundationDB's cap is 100,000 bytes
+    big = os.urandom(size)
+    other = bytes(range(256)) * (size // 256)
+    _put(kv, {b"big": big, b"big2": other})
+    assert _get(kv, b"big") == big
+    assert kv.transact_sync(lambda tr: tr.get_range(b"big", b"big\xff")) == [
+        (b"big", big),
+        (b"big2", other),
+    ]
+
+
+# -- tuple-packed keys ------------------------------------------------------------------
+
+# Tuples in FoundationDB tuple order: by type code first (None < bytes < str < nested <
+# int < bool < uuid), then by value; a tuple sorts before its own extensions.
+TUPLES_IN_ORDER: list[tuple[Any, ...]] = [
+    (None,),
+    (None, 1),
+    (b"",),
+    (b"\x00",),
+    (b"\x00\x00",),
+    (b"\x00\xff",),
+    (b"\x01",),
+    (b"a",),
+    (b"a", None),
+    (b"a\x00",),
+    (b"ab",),
+    (b"\xff",),
+    ("",),
+    ("A",),
+    ("a",),
+    ("a", 1),
+    ("a\x00",),
+    ("ab",),
+    ("é",),
+    ("\U0001f600",),
+    ((),),
+    ((None,),),
+    ((None, None),),
+    ((b"",),),
+    ((1,),),
+    ((1, "a"),),
+    ((2,),),
+    (-(1 << 70),),
+    (-(1 << 64),),
+    (-(1 << 64) + 1,),
+    (I64_MIN,),
+    (-(1 << 32),),
+    (-256,),
+    (-255,),
+    (-1,),
+    (-1, "z"),
+    (0,),
+    (0, None),
+    (0, 0),
+    (1,),
+    (1, "a"),
+    (1, "b"),
+    (1, 0),
+    (1, 1),
+    (255,),
+    (256,),
+    (1 << 32,),
+    (I64_MAX,),
+    (1 << 63,),
+    ((1 << 64) - 1,),
+    (1 << 64,),
+    (1 << 70,),
+    (False,),
+    (True,),
+    (uuid.UUID(int=0),),
+    (uuid.UUID(int=1),),
+    (uuid.UUID(int=(1 << 128) - 1),),
+]
+
+
+def test_tuple_packed_keys_sort_in_tuple_order(kv: KV) -> None:
+    packed = [kt.pack(t) for t in TUPLES_IN_ORDER]
+    assert len(set(packed)) == len(packed)
+    # Insert in a scrambled order so that storage order cannot come from insertion order.
+    scrambled = packed[1::2] + packed[::2]
+    _put(kv, {k: str(i).encode() for i, k in enumerate(scrambled)})
+    stored = [kt.unpack(k) for k, _ in _all(kv)]
+    assert stored == TUPLES_IN_ORDER
+    reverse = kv.transact_sync(lambda tr: tr.get_range(b"", b"\xff", reverse=True))
+    assert [kt.unpack(k) for k, _ in reverse] == TUPLES_IN_ORDER[::-1]
+
+    # range_of((1,)) holds exactly the strict extensions of (1,).
+    begin, end = kt.range_of((1,))
+    inside = [kt.unpack(k) for k, _ in kv.transact_sync(lambda tr: tr.get_range(begin, end))]
+    assert inside == [(1, "a"), (1, "b"), (1, 0), (1, 1)]
+
+
+# -- transactions -----------------------------------------------------------------------
+
+
+def test_exception_rolls_everything_back_and_propagates_unchanged(kv: KV) -> None:
+    _put(kv, {b"a": b"1", b"b": b"2", b"c": b"3"})
+    kv.transact_sync(lambda tr: tr.add(b"n", 1))
+    before = _all(kv)
+    calls = 0
+    error = RuntimeError("boom")
+
+    def fn(tr: Transaction) -> None:
+        nonlocal calls
+        calls += 1
+        tr.set(b"a", b"changed")
+        tr.set(b"new", b"x")
+        tr.clear(b"b")
+        tr.clear_range(b"c", b"d")
+        tr.add(b"n", 41)
+        raise error
+
+    with pytest.raises(RuntimeError) as caught:
+        kv.transact_sync(fn)
+    assert caught.value is error
+    assert calls == 1  # an error of the function itself is not retried
+    assert _all(kv) == before
+
+
+async def test_exception_in_async_transact_and_read_propagates(kv: KV) -> None:
+    _put(kv, {b"a": b"1"})
+
+    def write(tr: Transaction) -> None:
+        tr.set(b"a", b"2")
+        raise KeyError("nope")
+
+    def read(tr: ReadTransaction) -> None:
+        tr.get(b"a")
+        raise LookupError("read failed")
+
+    with pytest.raises(KeyError):
+        await kv.transact(write)
+    with pytest.raises(LookupError, match="read failed"):
+        await kv.read(read)
+    assert await kv.read(lambda tr: tr.get(b"a")) == b"1"
+
+
+def test_reads_your_writes(kv: KV) -> None:
+    _put(kv, {b"k1": b"old", b"k2": b"two", b"k3": b"three", b"n": encode_i64(10)})
+
+    def fn(tr: Transaction) -> None:
+        tr.set(b"k1", b"new")
+        assert tr.get(b"k1") == b"new"
+        tr.set(b"k0", b"zero")
+        tr.clear(b"k2")
+        assert tr.get(b"k2") is None
+        assert tr.get_range(b"k", b"l") == [
+            (b"k0", b"zero"),
+            (b"k1", b"new"),
+            (b"k3", b"three"),
+        ]
+        assert tr.get_range(b"k", b"l", limit=2, reverse=True) == [
+            (b"k3", b"three"),
+            (b"k1", b"new"),
+        ]
+        tr.clear_range(b"k1", b"k4")
+        assert tr.get_range(b"k", b"l") == [(b"k0", b"zero")]
+        tr.add(b"n", 5)
+        assert decode_i64(tr.get(b"n")) == 15
+        tr.add(b"fresh", -2)
+        assert decode_i64(tr.get(b"fresh")) == -2
+
+    kv.transact_sync(fn)
+    assert _all(kv) == [(b"fresh", encode_i64(-2)), (b"k0", b"zero"), (b"n", encode_i64(15))]
+
+
+# -- isolation under concurrency --------------------------------------------------------
+
+WORKERS = 4
+INCREMENTS = 200
+
+
+def test_serializable_read_increment_write_from_threads(kv: KV) -> None:
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(INCREMENTS):
+                kv.transact_sync(_incr(b"counter"))
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert decode_i64(_get(kv, b"counter")) == WORKERS * INCREMENTS
+
+
+async def test_serializable_read_increment_write_from_async_tasks(kv: KV) -> None:
+    seen: list[int] = []
+
+    async def worker() -> None:
+        for _ in range(INCREMENTS):
+            seen.append(await kv.transact(_incr(b"counter")))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(WORKERS):
+            tg.start_soon(worker)
+    assert await kv.read(lambda tr: decode_i64(tr.get(b"counter"))) == WORKERS * INCREMENTS
+    # Each committed increment saw a distinct value: no two transactions interleaved.
+    assert sorted(seen) == list(range(1, WORKERS * INCREMENTS + 1))
+
+
+_CHILD_INCREMENT = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    from metadata.kv import decode_i64, encode_i64, open_kv
+
+    url, key, n = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+    kv = open_kv(url)
+
+    def incr(tr):
+        tr.set(key, encode_i64(decode_i64(tr.get(key)) + 1))
+
+    kv.transact_sync(incr)  # connect and warm up before the start signal
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for _ in range(n - 1):
+        kv.transact_sync(incr)
+    anyio.run(kv.aclose)
+    """
+)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_serializable_read_increment_write_from_processes(kv: KV, backend: Backend) -> None:
+    processes = 3
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD_INCREMENT, backend.url, "counter", str(INCREMENTS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env=_child_env(),
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for child in children:  # start them together, so that they contend
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready", child.communicate()[1]
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            _, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert decode_i64(_get(kv, b"counter")) == processes * INCREMENTS
+
+
+async def test_read_sees_one_snapshot_while_writer_commits(kv: KV) -> None:
+    _put(kv, {b"snap/a": encode_i64(0), b"snap/b": encode_i64(0)})
+    commits = 0  # written only by the writer thread
+    stop = threading.Event()
+
+    def writer() -> None:
+        nonlocal commits
+        i = 0
+        while not stop.is_set():
+            i += 1
+
+            def both(tr: Transaction, i: int = i) -> None:
+                tr.set(b"snap/a", encode_i64(i))
+                tr.set(b"snap/b", encode_i64(i))
+
+            kv.transact_sync(both)
+            commits += 1
+
+    def reader(tr: ReadTransaction) -> tuple[int, int, list[int], int]:
+        a = decode_i64(tr.get(b"snap/a"))
+        seen = commits
+        # Let the writer commit twice more in the middle of this read transaction.
+        deadline = time.monotonic() + 5
+        while commits < seen + 2 and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        b = decode_i64(tr.get(b"snap/b"))
+        pair = [decode_i64(v) for _, v in tr.get_range(b"snap/", b"snap0")]
+        return a, b, pair, commits - seen
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(20):
+            a, b, pair, moved = await kv.read(reader)
+            assert moved >= 2  # the writer really committed during the read
+            assert a == b and pair == [a, a]
+    finally:
+        stop.set()
+        await anyio.to_thread.run_sync(thread.join)
+    final = await kv.read(lambda tr: tr.get_range(b"snap/", b"snap0"))
+    assert final[0][1] == final[1][1] == encode_i64(commits)
+
+
+# -- durability -------------------------------------------------------------------------
+
+
+async def test_committed_values_survive_close_and_reopen(kv: KV, backend: Backend) -> None:
+    big = os.urandom(backend.large_value_size)
+
+    def fn(tr: Transaction) -> None:
+        for i in range(100):
+            tr.set(kt.pack(("item", i)), str(i).encode())
+        tr.set(b"big", big)
+        tr.add(b"n", 42)
+
+    await kv.transact(fn)
+    await kv.aclose()
+    reopened = backend.open()
+    try:
+        items = await reopened.read(lambda tr: tr.get_range(*kt.range_of(("item",))))
+        assert [kt.unpack(k)[1] for k, _ in items] == list(range(100))
+        assert [v for _, v in items] == [str(i).encode() for i in range(100)]
+        assert await reopened.read(lambda tr: tr.get(b"big")) == big
+        assert await reopened.read(lambda tr: decode_i64(tr.get(b"n"))) == 42
+    finally:
+        await reopened.aclose()
+
+
+_CHILD_COMMIT_AND_DIE = textwrap.dedent(
+    """
+    import os, sys
+    from metadata.kv import open_kv
+
+    kv = open_kv(sys.argv[1])
+    for i in range(50):
+        kv.transact_sync(lambda tr, i=i: tr.set(b"crash/%03d" % i, b"v%d" % i))
+    os._exit(0)  # no close, no checkpoint, no clean-up
+    """
+)
+
+
+def test_committed_values_survive_a_writer_dying_without_close(kv: KV, backend: Backend) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD_COMMIT_AND_DIE, backend.url],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=_child_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = kv.transact_sync(lambda tr: tr.get_range(b"crash/", b"crash0"))
+    assert rows == [(b"crash/%03d" % i, b"v%d" % i) for i in range(50)]
+
+
+# -- tuple helpers (metadata/tuple.py) --------------------------------------------------
+
+
+def test_tuple_encoding_is_foundationdb_byte_for_byte() -> None:
+    # Vectors from FoundationDB's tuple-layer specification.
+    assert kt.pack((None,)) == b"\x00"
+    assert kt.pack((b"foo\x00bar",)) == b"\x01foo\x00\xffbar\x00"
+    assert kt.pack(("F\u00d4O\u0000bar",)) == b"\x02F\xc3\x94O\x00\xffbar\x00"
+    assert (
+        kt.pack(((b"foo\x00bar", None, ()),)) == b"\x05\x01foo\x00\xffbar\x00\x00\xff\x05\x00\x00"
+    )
+    assert kt.pack((-5551212,)) == b"\x11\xab\x4b\x93"
+    assert kt.pack((0,)) == b"\x14"
+    assert kt.pack((1,)) == b"\x15\x01"
+    assert kt.pack((False, True)) == b"\x26\x27"
+    assert kt.pack((uuid.UUID(int=1),)) == b"\x30" + (1).to_bytes(16, "big")
+    for t in TUPLES_IN_ORDER:
+        assert kt.unpack(kt.pack(t)) == t
+
+
+def test_range_of_and_strinc() -> None:
+    assert kt.range_of((1,)) == (b"\x15\x01\x00", b"\x15\x01\xff")
+    assert kt.range_of(()) == (b"\x00", b"\xff")
+    assert kt.strinc(b"ab") == b"ac"
+    assert kt.strinc(b"a\xff\xff") == b"b"
+    assert kt.strinc(b"\x00") == b"\x01"
+    with pytest.raises(ValueError):
+        kt.strinc(b"\xff\xff")
+    with pytest.raises(ValueError):
+        kt.strinc(b"")
+
+
+def test_tuple_helpers_do_not_load_the_fdb_client_library() -> None:
+    code = "import sys, metadata.tuple as t; t.pack((1, 'a')); assert 'fdb.impl' not in sys.modules"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=_child_env(),
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# -- SQLite backend specifics -----------------------------------------------------------
+
+
+def test_sqlite_file_settings(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "folders" / "kv.db"
+    kv = SQLiteKV(path)
+    try:
+        _put(kv, {b"k": b"v"})
+        # Reaching into the transaction's connection: these settings are per connection.
+        pragmas = kv.transact_sync(
+            lambda tr: [
+                tr._conn.execute(f"PRAGMA {name}").fetchone()[0]  # type: ignore[attr-defined]
+                for name in ("journal_mode", "synchronous", "busy_timeout")
+            ]
+        )
+        assert pragmas == ["wal", 2, 5000]  # synchronous 2 = FULL
+    finally:
+        kv.close()
+    raw = sqlite3.connect(path)
+    try:
+        (sql,) = raw.execute("SELECT sql FROM sqlite_master WHERE name = 'kv'").fetchone()
+        assert "WITHOUT ROWID" in sql and "key BLOB PRIMARY KEY" in sql
+        assert raw.execute("SELECT key, value FROM kv").fetchall() == [(b"k", b"v")]
+    finally:
+        raw.close()
+
+
+def test_sqlite_busy_is_retried_until_the_lock_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path, busy_timeout=0.01, retry_deadline=10)
+    _put(kv, {b"k": b"0"})
+    # Another connection, as another process would hold it; released from a timer thread.
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    releaser = threading.Timer(0.3, other.execute, args=("COMMIT",))
+    releaser.start()
+    try:
+        started = time.monotonic()
+        assert kv.transact_sync(_incr(b"n")) == 1
+        assert time.monotonic() - started >= 0.25
+    finally:
+        releaser.join()
+        other.close()
+        kv.close()
+
+
+def test_sqlite_busy_past_the_deadline_raises_kverror(tmp_path: Path) -> None:
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path, busy_timeout=0.01, retry_deadline=0.3)
+    _put(kv, {b"k": b"0"})
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(KVError, match="busy"):
+            kv.transact_sync(_incr(b"n"))
+        assert 0.2 <= time.monotonic() - started < 3
+        # Reads are not blocked by the writer (WAL).
+        assert kv.read_sync(lambda tr: tr.get(b"k")) == b"0"
+    finally:
+        other.rollback()
+        other.close()
+    assert kv.transact_sync(_incr(b"n")) == 1
+    kv.close()
+
+
+async def test_sqlite_cancelled_transact_still_ends_its_transaction(tmp_path: Path) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db", pool_size=1)  # one connection: a stuck one would show
+    inside = threading.Event()
+
+    def slow(tr: Transaction) -> None:
+        tr.set(b"k", b"v")
+        inside.set()
+        time.sleep(0.2)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kv.transact, slow)
+        await anyio.to_thread.run_sync(inside.wait)
+        tg.cancel_scope.cancel()
+    # The cancelled await waited for the worker thread, which committed.
+    assert time.monotonic() - started >= 0.2
+    assert await kv.read(lambda tr: tr.get(b"k")) == b"v"
+    assert not any(conn.in_transaction for conn in kv._pool._idle)
+    await kv.transact(lambda tr: tr.set(b"k2", b"v2"))
+    await kv.aclose()
+
+
+def test_sqlite_refuses_non_bytes_keys_and_values(tmp_path: Path) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    try:
+        with pytest.raises(TypeError):
+            kv.transact_sync(lambda tr: tr.set("text", b"v"))  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            kv.transact_sync(lambda tr: tr.set(b"k", "text"))  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            kv.read_sync(lambda tr: tr.get_range("a", b"z"))  # type: ignore[arg-type]
+        assert kv.read_sync(lambda tr: tr.get_range(b"", b"\xff")) == []
+    finally:
+        kv.close()
+
+
+def test_sqlite_transaction_is_unusable_after_its_function(tmp_path: Path) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    leaked = kv.transact_sync(lambda tr: tr)
+    with pytest.raises(KVError):
+        leaked.set(b"k", b"v")
+    kv.close()
+    with pytest.raises(KVError, match="closed"):
+        kv.transact_sync(lambda tr: tr.get(b"k"))
+
+
+def test_sqlite_refuses_memory_databases() -> None:
+    with pytest.raises(ValueError):
+        SQLiteKV(":memory:")
+
+
+def test_open_kv_sqlite_url(tmp_path: Path) -> None:
+    from metadata.kv import open_kv
+
+    kv = open_kv(f"sqlite://{tmp_path}/a/b.db")
+    assert isinstance(kv, SQLiteKV)
+    kv.transact_sync(lambda tr: tr.set(b"k", b"v"))
+    anyio.run(kv.aclose)
+    assert (tmp_path / "a" / "b.db").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_sqlite_store_refuses_to_run_in_a_forked_child(tmp_path: Path) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k": b"v"})
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        try:
+            kv.transact_sync(lambda tr: tr.get(b"k"))
+        except KVError:
+            os._exit(0)
+        except BaseException:
+            os._exit(2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert kv.read_sync(lambda tr: tr.get(b"k")) == b"v"  # the parent is unaffected
+    kv.close()
