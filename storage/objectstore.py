@@ -32,11 +32,21 @@ class ObjectInfo:
 
 class ObjectStore(Protocol):
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
-        """Store data durably under key (durable when this returns)."""
+        """Store data durably under key (durable when this returns).
+
+        With if_absent, raises ObjectExistsError if the key already exists, atomically
+        with respect to every other writer; without it, the last writer wins.
+        """
         ...
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes [start, end) of the object (end None = to the end)."""
+        """Bytes [start, end) of the object (end None = to the end).
+
+        A range past the end is cut short (possibly to b""). A negative start, with
+        end None, asks for the last -start bytes, as in data[start:]; one request
+        reads an object's tail without knowing its size.
+        Raises ObjectNotFoundError if the key does not exist.
+        """
         ...
 
     async def delete(self, key: str) -> None:

@@ -1,0 +1,255 @@
+"""A local folder as an object store: the embedded default.
+
+Rules:
+- A key maps to a file under the root; '/' in a key makes subfolders. Keys are
+  relative, with no empty, '.', '..' or temp-named segments. Unlike S3, "a" and
+  "a/b" cannot both be objects (a file cannot also be a folder).
+- put writes a temp file next to its target, fsyncs it, then publishes it in one
+  atomic step and fsyncs the folder, so a reader sees the whole object or nothing,
+  and a returned put survives a power cut.
+- put(if_absent=True) publishes with os.link, which fails if the name exists, so
+  no other writer, in this process or another one sharing the folder, can replace
+  an object once written. Plain put uses os.replace (last writer wins).
+- Temp files start with TEMP_PREFIX; list() never shows them. A crashed writer can
+  leave one behind; remove_stale_temp_files() sweeps those.
+- Blocking file I/O runs in worker threads bounded by a CapacityLimiter.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from storage.objectstore import (
+    ObjectExistsError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    ObjectStoreError,
+)
+
+TEMP_PREFIX = ".tmp."
+
+_T = TypeVar("_T")
+
+
+class LocalObjectStore:
+    """Objects as files under `root`; safe to share between processes on one host."""
+
+    def __init__(self, root: str, *, max_concurrency: int = 16) -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self._limiter = anyio.CapacityLimiter(max_concurrency)
+        self.stats: dict[str, int] = {
+            "puts": 0,
+            "gets": 0,
+            "deletes": 0,
+            "lists": 0,
+            "bytes_put": 0,
+            "bytes_got": 0,
+        }
+
+    def __repr__(self) -> str:
+        return f"LocalObjectStore({self.root!r})"
+
+    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        path = self._path(key)
+        self.stats["puts"] += 1
+        await self._run(partial(_put_file, path, key, data, if_absent))
+        self.stats["bytes_put"] += len(data)
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the object; a negative start means the last -start bytes."""
+        _check_range(start, end)
+        path = self._path(key)
+        self.stats["gets"] += 1
+        data = await self._run(partial(_read_file, path, key, start, end))
+        self.stats["bytes_got"] += len(data)
+        return data
+
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+        self.stats["deletes"] += 1
+        await self._run(partial(_delete_file, path))
+
+    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self.stats["lists"] += 1
+        return await self._run(partial(_list_files, self.root, prefix))
+
+    async def remove_stale_temp_files(self, older_than: float = 3600.0) -> int:
+        """Delete temp files left by crashed writers; returns how many were removed.
+
+        Only files older than `older_than` seconds go, so a live writer's temp file
+        (in this or another process) is never pulled from under it.
+        """
+        return await self._run(partial(_remove_stale_temps, self.root, older_than))
+
+    async def aclose(self) -> None:
+        pass
+
+    async def _run(self, func: Callable[[], _T]) -> _T:
+        try:
+            return await anyio.to_thread.run_sync(func, limiter=self._limiter)
+        except ObjectStoreError:
+            raise
+        except OSError as exc:
+            raise ObjectStoreError(f"{self!r}: {exc}") from exc
+
+    def _path(self, key: str) -> str:
+        parts = key.split("/")
+        for part in parts:
+            if part in ("", ".", "..") or part.startswith(TEMP_PREFIX) or "\0" in part:
+                raise ValueError(f"invalid object key: {key!r}")
+        return os.path.join(self.root, *parts)
+
+
+def _check_range(start: int, end: int | None) -> None:
+    if start < 0 and end is not None:
+        raise ValueError("a negative start (read from the end) needs end=None")
+    if end is not None and end < start:
+        raise ValueError(f"range end {end} is before start {start}")
+
+
+def _put_file(path: str, key: str, data: bytes, if_absent: bool) -> None:
+    folder = os.path.dirname(path)
+    _makedirs_durable(folder)
+    tmp = os.path.join(folder, TEMP_PREFIX + secrets.token_hex(8))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if if_absent:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise ObjectExistsError(f"object already exists: {key!r}") from None
+            finally:
+                os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        # The temp file may already be gone (linked and unlinked, or renamed).
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(folder)
+
+
+def _read_file(path: str, key: str, start: int, end: int | None) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ObjectNotFoundError(f"no such object: {key!r}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ObjectNotFoundError(f"no such object: {key!r} (a folder)")
+        size = st.st_size
+        if start < 0:
+            start = max(0, size + start)
+        stop = size if end is None else min(end, size)
+        if start >= stop:
+            return b""
+        chunks: list[bytes] = []
+        position = start
+        while position < stop:
+            chunk = os.pread(fd, stop - position, position)
+            if not chunk:  # objects never shrink; only a foreign writer could do this
+                break
+            chunks.append(chunk)
+            position += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _delete_file(path: str) -> None:
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    _fsync_dir(os.path.dirname(path))
+
+
+def _list_files(root: str, prefix: str) -> list[ObjectInfo]:
+    # Start at the deepest folder the prefix names; only names below it can match.
+    folder_key = prefix.rpartition("/")[0]
+    start = os.path.join(root, *folder_key.split("/")) if folder_key else root
+    found: list[ObjectInfo] = []
+    _scan(start, folder_key + "/" if folder_key else "", prefix, found)
+    found.sort(key=lambda info: info.key)
+    return found
+
+
+def _scan(folder: str, key_prefix: str, prefix: str, found: list[ObjectInfo]) -> None:
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        if entry.name.startswith(TEMP_PREFIX):
+            continue
+        key = key_prefix + entry.name
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                sub = key + "/"
+                if sub.startswith(prefix) or prefix.startswith(sub):
+                    _scan(entry.path, sub, prefix, found)
+            elif key.startswith(prefix):
+                st = entry.stat()
+                found.append(ObjectInfo(key=key, size=st.st_size, last_modified=st.st_mtime))
+        except FileNotFoundError:
+            continue  # deleted while we looked
+
+
+def _remove_stale_temps(root: str, older_than: float) -> int:
+    cutoff = time.time() - older_than
+    removed = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if not name.startswith(TEMP_PREFIX):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                if os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+    return removed
+
+
+def _makedirs_durable(folder: str) -> None:
+    """Create folder and missing parents, fsyncing each parent so the entry survives."""
+    if os.path.isdir(folder):
+        return
+    parent = os.path.dirname(folder)
+    _makedirs_durable(parent)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        pass  # a concurrent writer made it; sync anyway, as our put must not rely on theirs
+    _fsync_dir(parent)
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,261 @@
+"""S3 (or any S3-compatible API) as an object store.
+
+Rules:
+- Keys live under `prefix/` in one bucket; list() strips the prefix again.
+- boto3 is blocking: every call runs in a worker thread, at most max_concurrency at
+  once (the HTTP pool has as many connections).
+- botocore's "standard" retry mode retries 5xx, SlowDown/throttling and connection
+  errors with jittered exponential backoff. What it cannot see is retried here: a
+  body that breaks off while being read, and 409 ConditionalRequestConflict.
+- put(if_absent=True) sends If-None-Match: *, so S3 itself refuses to overwrite;
+  412 becomes ObjectExistsError. If botocore had retried that PUT, the 412 may be
+  our own earlier attempt having landed (its answer lost): if the object's ETag is
+  our MD5, it holds exactly our bytes and the put counts as done.
+- Credentials come from the usual AWS chain; an explicit endpoint_url (MinIO, moto)
+  switches to path-style addressing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    IncompleteReadError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+
+from storage.objectstore import (
+    ObjectExistsError,
+    ObjectInfo,
+    ObjectNotFoundError,
+    ObjectStoreError,
+)
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# Errors raised while reading a response body, after botocore's retry loop is done.
+_BODY_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+
+
+class S3ObjectStore:
+    """Objects in an S3 bucket under a key prefix."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_concurrency: int = 16,
+        max_attempts: int = 8,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        list_page_size: int = 1000,
+        client: Any = None,
+    ) -> None:
+        self.bucket = bucket
+        prefix = prefix.strip("/")
+        self.prefix = prefix + "/" if prefix else ""
+        self.max_attempts = max_attempts
+        self.list_page_size = list_page_size
+        if client is None:
+            config = Config(
+                retries={"mode": "standard", "total_max_attempts": max_attempts},
+                max_pool_connections=max_concurrency,
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                s3={"addressing_style": "path"} if endpoint_url else {},
+            )
+            # A session per store: boto3's default session is not thread-safe to create.
+            client = boto3.session.Session().client(
+                "s3", endpoint_url=endpoint_url, region_name=region, config=config
+            )
+        self._client = client
+        self._limiter = anyio.CapacityLimiter(max_concurrency)
+        self.stats: dict[str, int] = {
+            "puts": 0,
+            "gets": 0,
+            "deletes": 0,
+            "lists": 0,
+            "bytes_put": 0,
+            "bytes_got": 0,
+        }
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStore(s3://{self.bucket}/{self.prefix})"
+
+    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        self.stats["puts"] += 1
+        await self._run(partial(self._put, key, data, if_absent))
+        self.stats["bytes_put"] += len(data)
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the object; a negative start means the last -start bytes."""
+        if start < 0 and end is not None:
+            raise ValueError("a negative start (read from the end) needs end=None")
+        if end is not None and end < start:
+            raise ValueError(f"range end {end} is before start {start}")
+        self.stats["gets"] += 1
+        data = await self._run(partial(self._get, key, start, end))
+        self.stats["bytes_got"] += len(data)
+        return data
+
+    async def delete(self, key: str) -> None:
+        self.stats["deletes"] += 1
+        await self._run(partial(self._delete, key))
+
+    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self.stats["lists"] += 1
+        return await self._run(partial(self._list, prefix))
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
+
+    async def _run(self, func: Callable[[], _T]) -> _T:
+        try:
+            return await anyio.to_thread.run_sync(func, limiter=self._limiter)
+        except ObjectStoreError:
+            raise
+        except (ClientError, BotoCoreError) as exc:
+            raise ObjectStoreError(f"{self!r}: {exc}") from exc
+
+    # The methods below run in worker threads.
+
+    def _put(self, key: str, data: bytes, if_absent: bool) -> None:
+        extra = {"IfNoneMatch": "*"} if if_absent else {}
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                self._client.put_object(
+                    Bucket=self.bucket, Key=self.prefix + key, Body=data, **extra
+                )
+                return
+            except ClientError as exc:
+                code, status = _error_code(exc), _status(exc)
+                if code == "PreconditionFailed" or status == 412:
+                    if _retry_attempts(exc) and self._holds(key, data):
+                        return
+                    raise ObjectExistsError(f"object already exists: {key!r}") from None
+                # Another conditional write of this key is in flight; AWS says retry.
+                if code == "ConditionalRequestConflict" or status == 409:
+                    if attempt == self.max_attempts:
+                        raise ObjectExistsError(
+                            f"conditional write of {key!r} kept conflicting"
+                        ) from exc
+                    log.debug("conditional put of %r conflicts; retrying", key)
+                    _backoff(attempt)
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        """True if the stored object is byte for byte `data` (single-part ETag = MD5)."""
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+        except ClientError:
+            return False
+        etag = str(head.get("ETag", "")).strip('"')
+        return etag == hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+    def _get(self, key: str, start: int, end: int | None) -> bytes:
+        full_key = self.prefix + key
+        if end is not None and end == start:
+            # An empty range has no HTTP form; still say whether the object exists.
+            self._call(key, self._client.head_object, Bucket=self.bucket, Key=full_key)
+            return b""
+        extra: dict[str, str] = {}
+        if start < 0:
+            extra["Range"] = f"bytes={start}"  # suffix range: the last -start bytes
+        elif end is not None:
+            extra["Range"] = f"bytes={start}-{end - 1}"
+        elif start > 0:
+            extra["Range"] = f"bytes={start}-"
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                response = self._call(
+                    key, self._client.get_object, Bucket=self.bucket, Key=full_key, **extra
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "InvalidRange" or _status(exc) == 416:
+                    return b""  # the object exists, the range starts past its end
+                raise
+            try:
+                body: bytes = response["Body"].read()
+                return body
+            except _BODY_ERRORS:
+                if attempt == self.max_attempts:
+                    raise
+                log.debug("reading %r broke off; retrying", key)
+                _backoff(attempt)
+        raise AssertionError("unreachable")
+
+    def _delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+        except ClientError as exc:
+            if _error_code(exc) not in _NOT_FOUND_CODES:
+                raise
+
+    # builtins.list: in this class body, `list` is the method above.
+    def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        found: builtins.list[ObjectInfo] = []
+        cut = len(self.prefix)
+        pages = paginator.paginate(
+            Bucket=self.bucket,
+            Prefix=self.prefix + prefix,
+            PaginationConfig={"PageSize": self.list_page_size},
+        )
+        for page in pages:
+            for item in page.get("Contents", ()):
+                found.append(
+                    ObjectInfo(
+                        key=item["Key"][cut:],
+                        size=int(item["Size"]),
+                        last_modified=item["LastModified"].timestamp(),
+                    )
+                )
+        found.sort(key=lambda info: info.key)
+        return found
+
+    def _call(self, key: str, method: Callable[..., Any], **kwargs: Any) -> Any:
+        try:
+            return method(**kwargs)
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                raise ObjectNotFoundError(f"no such object: {key!r}") from None
+            raise
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _retry_attempts(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+
+
+def _backoff(attempt: int) -> None:
+    # Full jitter, like botocore: up to 50 ms, 100 ms, 200 ms ... capped at 5 s.
+    time.sleep(random.uniform(0, min(5.0, 0.05 * 2 ** (attempt - 1))))

@@ -1,0 +1,173 @@
+"""LocalObjectStore beyond the contract: other processes, crashes, key rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from storage.local import TEMP_PREFIX, LocalObjectStore
+from storage.objectstore import ObjectNotFoundError, ObjectStoreError
+
+RACE_KEYS = 200
+
+
+def all_files(root: Path) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file()]
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [path for path in all_files(root) if path.name.startswith(TEMP_PREFIX)]
+
+
+# Waits for the go file, then tries to create every key; prints the keys it won.
+RACER = textwrap.dedent(
+    """
+    import json, os, sys, time, anyio
+    from storage.local import LocalObjectStore
+    from storage.objectstore import ObjectExistsError
+
+    root, go, name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+    async def main():
+        store = LocalObjectStore(root)
+        while not os.path.exists(go):
+            time.sleep(0.001)
+        won = []
+        for i in range(count):
+            key = f"race/{i:04d}"
+            try:
+                await store.put(key, name.encode() * 100, if_absent=True)
+            except ObjectExistsError:
+                continue
+            won.append(key)
+        print(json.dumps(won))
+
+    anyio.run(main)
+    """
+)
+
+
+def test_two_processes_race_if_absent(tmp_path: Path) -> None:
+    root, go = tmp_path / "objects", tmp_path / "go"
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(root), str(go), name, str(RACE_KEYS)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("alpha", "bravo")
+    ]
+    time.sleep(0.5)  # let both import and reach the start line
+    go.touch()
+    won = []
+    for racer in racers:
+        out, _ = racer.communicate(timeout=60)
+        assert racer.returncode == 0
+        won.append(set(json.loads(out)))
+    assert not won[0] & won[1], "a key was won by both processes"
+    assert won[0] | won[1] == {f"race/{i:04d}" for i in range(RACE_KEYS)}
+
+    async def check() -> None:
+        store = LocalObjectStore(str(root))
+        for name, keys in zip(("alpha", "bravo"), won, strict=True):
+            for key in sorted(keys)[:20]:
+                assert await store.get(key) == name.encode() * 100
+        assert len(await store.list()) == RACE_KEYS
+
+    anyio.run(check)
+    assert not temp_files(root)
+
+
+# Writes its temp file, then hangs in fsync, as if the machine stopped mid-put.
+CRASHER = textwrap.dedent(
+    """
+    import os, stat, sys, time, anyio
+    from storage.local import LocalObjectStore
+
+    real_fsync = os.fsync
+
+    def hang(fd):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return real_fsync(fd)  # folders sync as usual
+        print("writing", flush=True)
+        time.sleep(600)
+
+    os.fsync = hang
+    anyio.run(LocalObjectStore(sys.argv[1]).put, "ingest/crashed", b"x" * 100_000)
+    """
+)
+
+
+def test_killed_writer_leaves_nothing_visible(tmp_path: Path) -> None:
+    root = tmp_path / "objects"
+    crasher = subprocess.Popen(
+        [sys.executable, "-c", CRASHER, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert crasher.stdout is not None
+        assert crasher.stdout.readline() == "writing\n"
+        crasher.send_signal(signal.SIGKILL)
+    finally:
+        crasher.wait()
+    temps = temp_files(root)
+    assert len(temps) == 1, "the crashed writer's temp file is on disk"
+
+    async def check() -> None:
+        store = LocalObjectStore(str(root))
+        assert await store.list() == []
+        assert await store.list("ingest/") == []
+        with pytest.raises(ObjectNotFoundError):
+            await store.get("ingest/crashed")
+        await store.put("ingest/crashed", b"retried", if_absent=True)
+        assert [info.key for info in await store.list()] == ["ingest/crashed"]
+
+        assert await store.remove_stale_temp_files(older_than=3600) == 0, "too young to go"
+        old = time.time() - 7200
+        os.utime(temps[0], (old, old))
+        assert await store.remove_stale_temp_files(older_than=3600) == 1
+        assert await store.get("ingest/crashed") == b"retried"
+
+    anyio.run(check)
+    assert temp_files(root) == []
+
+
+async def test_failed_put_removes_its_temp_file(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(ObjectStoreError, match="No space left"):
+        await local_store.put("k", b"data")
+    assert all_files(Path(local_store.root)) == []
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "./a", "a/", f"a/{TEMP_PREFIX}x"])
+async def test_bad_keys_are_rejected(local_store: LocalObjectStore, key: str) -> None:
+    with pytest.raises(ValueError):
+        await local_store.put(key, b"x")
+    with pytest.raises(ValueError):
+        await local_store.get(key)
+
+
+async def test_folder_is_not_an_object(local_store: LocalObjectStore) -> None:
+    await local_store.put("a/b", b"x")
+    with pytest.raises(ObjectNotFoundError):
+        await local_store.get("a")
+
+
+async def test_objects_are_files_under_root(local_store: LocalObjectStore) -> None:
+    await local_store.put("ingest/01ABC", b"payload", if_absent=True)
+    path = Path(local_store.root) / "ingest" / "01ABC"
+    assert path.read_bytes() == b"payload"
+    assert path.stat().st_nlink == 1, "the temp link is gone"

@@ -1,0 +1,159 @@
+"""The ObjectStore contract, run against every store (local folder and S3 via moto)."""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import pytest
+
+from storage.objectstore import ObjectExistsError, ObjectNotFoundError, ObjectStore
+
+
+async def test_put_get_round_trip(store: ObjectStore) -> None:
+    await store.put("a/b/c", b"hello world")
+    assert await store.get("a/b/c") == b"hello world"
+
+
+async def test_empty_object(store: ObjectStore) -> None:
+    await store.put("empty", b"")
+    assert await store.get("empty") == b""
+    assert await store.get("empty", 0, 0) == b""
+    assert await store.get("empty", -4) == b""
+
+
+async def test_ranged_gets(store: ObjectStore) -> None:
+    data = bytes(range(100))
+    await store.put("ranges", data)
+    assert await store.get("ranges", 10) == data[10:]
+    assert await store.get("ranges", 10, 20) == data[10:20]
+    assert await store.get("ranges", 0, 1) == data[:1]
+    assert await store.get("ranges", 99, 100) == data[99:]
+    assert await store.get("ranges", 90, 200) == data[90:], "a range past the end is cut short"
+    assert await store.get("ranges", 100) == b""
+    assert await store.get("ranges", 150) == b""
+    assert await store.get("ranges", 150, 160) == b""
+
+
+async def test_empty_range(store: ObjectStore) -> None:
+    await store.put("ranges", b"0123456789")
+    assert await store.get("ranges", 5, 5) == b""
+    assert await store.get("ranges", 0, 0) == b""
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("missing", 5, 5)
+
+
+async def test_suffix_range(store: ObjectStore) -> None:
+    await store.put("tail", b"0123456789")
+    assert await store.get("tail", -3) == b"789"
+    assert await store.get("tail", -10) == b"0123456789"
+    assert await store.get("tail", -50) == b"0123456789", "a longer suffix is the whole object"
+
+
+async def test_bad_ranges_are_rejected(store: ObjectStore) -> None:
+    await store.put("x", b"0123456789")
+    with pytest.raises(ValueError):
+        await store.get("x", 5, 4)
+    with pytest.raises(ValueError):
+        await store.get("x", -3, 9)
+
+
+async def test_if_absent_conflict_keeps_original(store: ObjectStore) -> None:
+    await store.put("once", b"first", if_absent=True)
+    with pytest.raises(ObjectExistsError):
+        await store.put("once", b"second", if_absent=True)
+    assert await store.get("once") == b"first"
+
+
+async def test_overwrite_without_if_absent(store: ObjectStore) -> None:
+    await store.put("k", b"first")
+    await store.put("k", b"second, longer")
+    assert await store.get("k") == b"second, longer"
+    await store.put("k", b"3")
+    assert await store.get("k") == b"3"
+
+
+async def test_delete_is_idempotent(store: ObjectStore) -> None:
+    await store.put("gone/soon", b"x")
+    await store.delete("gone/soon")
+    await store.delete("gone/soon")
+    await store.delete("never/was")
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("gone/soon")
+    assert await store.list("gone/") == []
+    await store.put("gone/soon", b"back", if_absent=True)
+    assert await store.get("gone/soon") == b"back"
+
+
+async def test_get_missing(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("no/such/key")
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("no-such-key", 3, 9)
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("no-such-key", -12)
+
+
+async def test_list_prefix_and_order(store: ObjectStore) -> None:
+    keys = ["ingest/02", "ingest/01", "ingest/10", "ingestion", "other/01", "ingest/sub/03"]
+    for index, key in enumerate(keys):
+        await store.put(key, b"x" * index)
+    listed = await store.list("ingest/")
+    assert [info.key for info in listed] == ["ingest/01", "ingest/02", "ingest/10", "ingest/sub/03"]
+    assert [info.size for info in listed] == [1, 0, 2, 5]
+    assert all(info.last_modified > 0 for info in listed)
+    assert [info.key for info in await store.list("ingest")] == [
+        "ingest/01",
+        "ingest/02",
+        "ingest/10",
+        "ingest/sub/03",
+        "ingestion",
+    ]
+    assert [info.key for info in await store.list("ingest/1")] == ["ingest/10"]
+    assert [info.key for info in await store.list("ingest/s")] == ["ingest/sub/03"]
+    assert [info.key for info in await store.list()] == sorted(keys)
+    assert await store.list("nothing/") == []
+
+
+async def test_large_object(store: ObjectStore) -> None:
+    data = os.urandom(8 * 1024 * 1024)
+    await store.put("big", data, if_absent=True)
+    assert await store.get("big") == data
+    assert await store.get("big", 3_000_000, 5_000_001) == data[3_000_000:5_000_001]
+    assert await store.get("big", -100) == data[-100:]
+    assert [info.size for info in await store.list("big")] == [len(data)]
+
+
+async def test_concurrent_if_absent_exactly_one_wins(store: ObjectStore) -> None:
+    for round_ in range(3):
+        key = f"race/{round_}"
+        winners: list[bytes] = []
+
+        async def attempt(payload: bytes, key: str = key, winners: list[bytes] = winners) -> None:
+            try:
+                await store.put(key, payload, if_absent=True)
+            except ObjectExistsError:
+                return
+            winners.append(payload)
+
+        async with anyio.create_task_group() as tg:
+            for writer in range(8):
+                tg.start_soon(attempt, f"writer {writer} ".encode() * 1000)
+        assert len(winners) == 1
+        assert await store.get(key) == winners[0]
+
+
+async def test_stats_count_calls(store: ObjectStore) -> None:
+    stats: dict[str, int] = store.stats  # type: ignore[attr-defined]
+    await store.put("s", b"12345")
+    await store.get("s", 1, 3)
+    await store.list()
+    await store.delete("s")
+    assert stats == {
+        "puts": 1,
+        "gets": 1,
+        "deletes": 1,
+        "lists": 1,
+        "bytes_put": 5,
+        "bytes_got": 2,
+    }

@@ -1,0 +1,91 @@
+"""S3ObjectStore beyond the contract: prefixes, retries and failures, on a real moto server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import boto3
+import pytest
+
+from storage.objectstore import ObjectExistsError, ObjectStoreError, open_store
+from storage.s3 import S3ObjectStore
+from tests.storage.conftest import make_s3_store
+from tests.storage.moto_support import TEST_BUCKET, free_port
+
+
+@pytest.fixture
+async def s3_store(moto_s3: str) -> AsyncIterator[S3ObjectStore]:
+    store = make_s3_store(moto_s3)
+    yield store
+    await store.aclose()
+
+
+async def test_keys_live_under_the_prefix(moto_s3: str) -> None:
+    store = open_store(f"s3://{TEST_BUCKET}/tenant/one/", s3_endpoint_url=moto_s3)
+    assert isinstance(store, S3ObjectStore)
+    try:
+        await store.put("ingest/01", b"data")
+        client = boto3.session.Session().client("s3", endpoint_url=moto_s3)
+        raw = client.get_object(Bucket=TEST_BUCKET, Key="tenant/one/ingest/01")
+        assert raw["Body"].read() == b"data"
+        client.close()
+        assert [info.key for info in await store.list()] == ["ingest/01"]
+        other = S3ObjectStore(TEST_BUCKET, "tenant/two", endpoint_url=moto_s3)
+        assert await other.list() == []
+        await other.aclose()
+    finally:
+        await store.delete("ingest/01")
+        await store.aclose()
+
+
+async def test_list_pages_through_many_keys(moto_s3: str) -> None:
+    store = S3ObjectStore(TEST_BUCKET, "paged", endpoint_url=moto_s3, list_page_size=7)
+    keys = [f"many/{i:03d}" for i in range(30)]
+    for key in reversed(keys):
+        await store.put(key, b"")
+    assert [info.key for info in await store.list("many/")] == keys
+    assert [info.key for info in await store.list("many/01")] == keys[10:20]
+    await store.aclose()
+
+
+async def test_slowdown_is_retried(s3_store: S3ObjectStore) -> None:
+    await s3_store.put("fault-slowdown/a", b"patience")
+    assert await s3_store.get("fault-slowdown/a") == b"patience"
+    assert s3_store.stats["puts"] == 1
+
+
+async def test_lost_response_to_if_absent_put_is_our_own_success(s3_store: S3ObjectStore) -> None:
+    # The first PUT lands but answers 500; its retry gets 412 from our own object.
+    await s3_store.put("fault-lost-put/a", b"mine", if_absent=True)
+    assert await s3_store.get("fault-lost-put/a") == b"mine"
+    with pytest.raises(ObjectExistsError):
+        await s3_store.put("fault-lost-put/a", b"mine", if_absent=True)
+
+
+async def test_conditional_conflict_is_retried(s3_store: S3ObjectStore) -> None:
+    await s3_store.put("fault-conflict/a", b"after a conflict", if_absent=True)
+    assert await s3_store.get("fault-conflict/a") == b"after a conflict"
+
+
+async def test_body_cut_short_is_read_again(s3_store: S3ObjectStore) -> None:
+    data = os.urandom(256 * 1024)
+    await s3_store.put("fault-cut-body/a", data)
+    assert await s3_store.get("fault-cut-body/a", 1000) == data[1000:]
+    assert s3_store.stats["gets"] == 1
+
+
+async def test_missing_bucket_is_a_store_error(moto_s3: str) -> None:
+    store = S3ObjectStore("no-such-bucket", endpoint_url=moto_s3)
+    with pytest.raises(ObjectStoreError, match="NoSuchBucket"):
+        await store.put("k", b"x")
+    await store.aclose()
+
+
+async def test_unreachable_endpoint_is_a_store_error() -> None:
+    store = S3ObjectStore(
+        TEST_BUCKET, endpoint_url=f"http://127.0.0.1:{free_port()}", max_attempts=2
+    )
+    with pytest.raises(ObjectStoreError, match="Could not connect"):
+        await store.get("k")
+    await store.aclose()
