@@ -1,0 +1,193 @@
+"""The ingest-file format: one immutable object per broker flush.
+
+Layout (integers big-endian, offsets absolute from the start of the object):
+
+    header   b"BLIF", u16 format version (1), u16 reserved (0)             8 bytes
+    chunks   per-partition chunks, back to back; a chunk is that
+             partition's Kafka record batches, byte for byte
+    footer   one entry per chunk, in file order:                       36 bytes each
+             topic_id (16 bytes), partition i32, start u64, length u32, batch count u32
+    trailer  footer length u32, crc32c(footer) u32, b"BLIF"               12 bytes
+
+Rules:
+- Batches are never decoded or re-encoded here; Kafka's own CRC covers their records.
+- The footer is found from the end, so a reader fetches the trailer and footer with
+  ranged GETs of the tail and never the chunks.
+- The footer has a checksum: a bad index must fail loudly, not point reads astray.
+- Keys are ULIDs, so listing a prefix returns files in creation order.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+
+from storage.objectstore import ObjectStore
+
+MAGIC = b"BLIF"
+FORMAT_VERSION = 1
+
+_HEADER = struct.Struct(">4sHH")
+_ENTRY = struct.Struct(">16siQII")
+_TRAILER = struct.Struct(">II4s")
+
+HEADER_SIZE = _HEADER.size  # 8
+ENTRY_SIZE = _ENTRY.size  # 36
+TRAILER_SIZE = _TRAILER.size  # 12
+
+_U32_MAX = 0xFFFF_FFFF
+
+
+class IngestFileError(ValueError):
+    """An ingest file (or the part of it that was read) is malformed or corrupt."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLocation:
+    """Where one partition's chunk sits in an ingest file."""
+
+    topic_id: bytes  # 16 bytes (Kafka topic UUID)
+    partition: int
+    start: int  # absolute offset of the chunk in the file
+    length: int  # bytes
+    # Absolute offset of each batch; the first equals start. Empty when only the
+    # footer is known (it stores the batch count, not the boundaries).
+    batch_starts: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+def encode_ingest_file(
+    chunks: Sequence[tuple[bytes, int, Sequence[bytes]]],
+) -> tuple[bytes, list[ChunkLocation]]:
+    """Build one ingest file from (topic_id, partition, raw batches) items.
+
+    Returns the object and the location of every chunk, in the input order.
+    """
+    parts: list[bytes] = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
+    entries: list[bytes] = []
+    locations: list[ChunkLocation] = []
+    position = HEADER_SIZE
+    for topic_id, partition, batches in chunks:
+        if len(topic_id) != 16:
+            raise ValueError(f"topic_id must be 16 bytes, got {len(topic_id)}")
+        if not batches:
+            raise ValueError(f"chunk for partition {partition} has no batches")
+        start = position
+        starts: list[int] = []
+        for batch in batches:
+            starts.append(position)
+            position += len(batch)
+        length = position - start
+        if length > _U32_MAX or len(batches) > _U32_MAX:
+            raise ValueError(f"chunk for partition {partition} is too large ({length} bytes)")
+        parts.extend(batches)
+        entries.append(_ENTRY.pack(topic_id, partition, start, length, len(batches)))
+        locations.append(ChunkLocation(topic_id, partition, start, length, tuple(starts)))
+    footer = b"".join(entries)
+    parts.append(footer)
+    parts.append(_TRAILER.pack(len(footer), crc32c.crc32c(footer), MAGIC))
+    return b"".join(parts), locations
+
+
+def footer_size(tail: bytes) -> int:
+    """Bytes of footer plus trailer, read from the trailer at the end of `tail`."""
+    if len(tail) < TRAILER_SIZE:
+        raise IngestFileError(f"need the {TRAILER_SIZE}-byte trailer, got {len(tail)} bytes")
+    footer_length, _crc, magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
+    if magic != MAGIC:
+        raise IngestFileError(f"not an ingest file: trailer magic is {magic!r}")
+    if footer_length % ENTRY_SIZE:
+        raise IngestFileError(f"footer length {footer_length} is not a whole number of entries")
+    return int(footer_length) + TRAILER_SIZE
+
+
+def decode_footer(tail: bytes) -> list[ChunkLocation]:
+    """Chunk locations from any tail of an ingest file that holds footer and trailer.
+
+    batch_starts are empty: the footer records how many batches, not where.
+    """
+    needed = footer_size(tail)
+    if len(tail) < needed:
+        raise IngestFileError(f"need the last {needed} bytes for the footer, got {len(tail)}")
+    footer_length, crc, _magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
+    footer = memoryview(tail)[len(tail) - needed : len(tail) - TRAILER_SIZE]
+    actual = crc32c.crc32c(footer)
+    if actual != crc:
+        raise IngestFileError(
+            f"footer crc32c mismatch: stored {crc:#010x}, computed {actual:#010x}"
+        )
+    locations: list[ChunkLocation] = []
+    previous_end = HEADER_SIZE
+    for topic_id, partition, start, length, _count in _ENTRY.iter_unpack(footer):
+        # Chunks are written back to back after the header; anything else is corruption.
+        if start < previous_end:
+            raise IngestFileError(f"chunk at {start} overlaps the one ending at {previous_end}")
+        previous_end = start + length
+        locations.append(ChunkLocation(topic_id, partition, start, length, ()))
+    return locations
+
+
+def decode_header(head: bytes) -> int:
+    """The format version from the first bytes of an ingest file."""
+    if len(head) < HEADER_SIZE:
+        raise IngestFileError(f"need the {HEADER_SIZE}-byte header, got {len(head)} bytes")
+    magic, version, _reserved = _HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise IngestFileError(f"not an ingest file: header magic is {magic!r}")
+    if version != FORMAT_VERSION:
+        raise IngestFileError(f"unsupported ingest file version {version}")
+    return int(version)
+
+
+async def read_index(
+    store: ObjectStore, key: str, *, tail_guess: int = 16 * 1024
+) -> list[ChunkLocation]:
+    """The chunk locations of a stored ingest file, read from its tail only.
+
+    One suffix GET of `tail_guess` bytes usually holds the whole footer (about 450
+    chunks at the default); a larger footer costs exactly one more GET.
+    """
+    tail = await store.get(key, -max(tail_guess, TRAILER_SIZE))
+    needed = footer_size(tail)
+    if len(tail) < needed:
+        tail = await store.get(key, -needed)
+    try:
+        return decode_footer(tail)
+    except IngestFileError as exc:
+        raise IngestFileError(f"{key}: {exc}") from None
+
+
+# ULIDs: 48-bit milliseconds since the epoch, then 80 random bits, in Crockford base32.
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_ulid_lock = threading.Lock()
+_ulid_last = (0, 0)  # (ms, random) of the last key made in this process
+
+
+def new_object_key(prefix: str = "ingest/") -> str:
+    """A fresh key, e.g. "ingest/01JD3V6Q0Z8WJ5H7X2M4N6P8RA", sorting by creation time.
+
+    Within one millisecond this process increments the random part, so its keys are
+    strictly increasing; keys of other processes in the same millisecond interleave.
+    """
+    global _ulid_last
+    with _ulid_lock:
+        ms = time.time_ns() // 1_000_000
+        last_ms, last_random = _ulid_last
+        if ms <= last_ms:  # same millisecond, or the clock stepped back
+            ms, rand = last_ms, last_random + 1
+            if rand >> 80:
+                ms, rand = ms + 1, int.from_bytes(os.urandom(10), "big")
+        else:
+            rand = int.from_bytes(os.urandom(10), "big")
+        _ulid_last = (ms, rand)
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | rand
+    return prefix + "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
