@@ -1,0 +1,133 @@
+"""ObjectCache and RangeReader: cached reads cost no GET, uncached ones are coalesced."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from storage.cache import ObjectCache, RangeReader
+from storage.local import LocalObjectStore
+from storage.objectstore import ObjectNotFoundError, ObjectStore
+
+MiB = 1024 * 1024
+
+
+def test_cache_put_get_slice() -> None:
+    cache = ObjectCache(max_bytes=100)
+    cache.put("a", b"0123456789")
+    assert cache.get("a") == b"0123456789"
+    view = cache.slice("a", 2, 5)
+    assert isinstance(view, memoryview)
+    assert bytes(view) == b"234"
+    assert cache.slice("a", 8) == b"89"
+    assert cache.get("b") is None
+    assert cache.slice("b", 0, 1) is None
+    assert cache.stats == {"hits": 3, "misses": 2, "evictions": 0, "bytes": 10}
+
+
+def test_cache_evicts_least_recently_used_by_bytes() -> None:
+    cache = ObjectCache(max_bytes=100)
+    cache.put("a", b"a" * 40)
+    cache.put("b", b"b" * 40)
+    assert cache.get("a") is not None  # "b" is now the least recently used
+    cache.put("c", b"c" * 40)
+    assert "b" not in cache
+    assert "a" in cache and "c" in cache
+    assert cache.total_bytes == 80
+    cache.put("d", b"d" * 90)  # needs room for 90: both others go
+    assert len(cache) == 1 and "d" in cache
+    assert cache.stats["evictions"] == 3
+    assert cache.total_bytes == 90
+
+
+def test_cache_replaces_and_skips_oversized() -> None:
+    cache = ObjectCache(max_bytes=100)
+    cache.put("a", b"x" * 60)
+    cache.put("a", b"y" * 30)
+    assert cache.total_bytes == 30
+    assert cache.get("a") == b"y" * 30
+    cache.put("huge", b"z" * 101)
+    assert "huge" not in cache
+    assert cache.get("a") == b"y" * 30, "an object too big to cache evicts nothing"
+    cache.discard("a")
+    cache.discard("a")
+    assert cache.total_bytes == 0 and len(cache) == 0
+
+
+async def test_cached_object_costs_no_get(local_store: LocalObjectStore) -> None:
+    data = os.urandom(10_000)
+    await local_store.put("ingest/1", data)
+    cache = ObjectCache(max_bytes=MiB)
+    cache.put("ingest/1", data)
+    reader = RangeReader(local_store, cache)
+    assert await reader.read("ingest/1", 100, 200) == data[100:200]
+    assert await reader.read_many([("ingest/1", 0, 10), ("ingest/1", 9_000, 10_000)]) == [
+        data[:10],
+        data[9_000:],
+    ]
+    assert reader.gets == 0
+    assert local_store.stats["gets"] == 0
+
+
+async def test_uncached_ranges_coalesce_into_one_get_per_object(store: ObjectStore) -> None:
+    one, two = os.urandom(3 * MiB), os.urandom(100_000)
+    await store.put("ingest/1", one)
+    await store.put("ingest/2", two)
+    reader = RangeReader(store, ObjectCache(max_bytes=MiB))
+    requests = [
+        ("ingest/1", 2 * MiB, 2 * MiB + 500),
+        ("ingest/2", 50, 60),
+        ("ingest/1", 8, 4000),
+        ("ingest/2", 90_000, 100_000),
+        ("ingest/1", 1 * MiB, 1 * MiB + 10),
+        ("ingest/1", 100, 200),  # inside another request's range
+    ]
+    results = await reader.read_many(requests)
+    assert results == [
+        one[2 * MiB : 2 * MiB + 500],
+        two[50:60],
+        one[8:4000],
+        two[90_000:100_000],
+        one[MiB : MiB + 10],
+        one[100:200],
+    ]
+    assert reader.gets == 2
+    assert store.stats["gets"] == 2  # type: ignore[attr-defined]
+    assert reader.stats["bytes_got"] == (2 * MiB + 500 - 8) + (100_000 - 50)
+
+
+async def test_far_apart_ranges_are_separate_gets(local_store: LocalObjectStore) -> None:
+    data = os.urandom(4 * MiB)
+    await local_store.put("ingest/1", data)
+    reader = RangeReader(local_store, max_gap=MiB)
+    results = await reader.read_many([("ingest/1", 0, 10), ("ingest/1", 3 * MiB, 3 * MiB + 10)])
+    assert results == [data[:10], data[3 * MiB : 3 * MiB + 10]]
+    assert reader.gets == 2
+    assert reader.stats["bytes_got"] == 20
+
+
+async def test_mixed_cached_and_uncached(local_store: LocalObjectStore) -> None:
+    hot, cold = b"hot object", b"cold object"
+    await local_store.put("hot", hot)
+    await local_store.put("cold", cold)
+    cache = ObjectCache(max_bytes=MiB)
+    cache.put("hot", hot)
+    reader = RangeReader(local_store, cache)
+    results = await reader.read_many(
+        [("cold", 0, 4), ("hot", 4, 10), ("cold", 5, 11), ("hot", 3, 3)]
+    )
+    assert results == [b"cold", b"object", b"object", b""]
+    assert reader.gets == 1
+    assert reader.stats["cache_reads"] == 2
+
+
+async def test_missing_object_raises_store_error(local_store: LocalObjectStore) -> None:
+    await local_store.put("there", b"data")
+    reader = RangeReader(local_store)
+    with pytest.raises(ObjectNotFoundError):
+        await reader.read("missing", 0, 10)
+    with pytest.raises(ObjectNotFoundError):
+        await reader.read_many([("there", 0, 2), ("missing", 0, 10)])
+    with pytest.raises(ValueError):
+        await reader.read("there", 5, 2)
