@@ -20,7 +20,7 @@ def topic_name_error(name: str) -> str | None:
     if not name:
         return "Topic name is illegal, it can't be empty"
     if name in (".", ".."):
-        return "Topic name cannot be \".\" or \"..\""
+        return 'Topic name cannot be "." or ".."'
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         return (
             f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LENGTH} characters, "
@@ -28,7 +28,7 @@ def topic_name_error(name: str) -> str | None:
         )
     if not _LEGAL_NAME.match(name):
         return (
-            f"Topic name \"{name}\" is illegal, it contains a character other than ASCII "
+            f'Topic name "{name}" is illegal, it contains a character other than ASCII '
             "alphanumerics, '.', '_' and '-'"
         )
     return None
@@ -47,12 +47,20 @@ async def create_topic(
     if reason is not None:
         raise MetadataError(ErrorCode.invalid_topic_exception, reason)
     if partitions <= 0:
-        raise MetadataError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
+        raise MetadataError(
+            ErrorCode.invalid_partitions, "Number of partitions must be larger than 0."
+        )
     topic_id = uuid.uuid4().bytes
     created = now_ms()
     topic = await agent.kv.transact(
         lambda tr: topics.create_topic(
-            tr, agent.sub, name, topic_id, partitions, dict(configs or {}), created,
+            tr,
+            agent.sub,
+            name,
+            topic_id,
+            partitions,
+            dict(configs or {}),
+            created,
             validate_only=validate_only,
         )
     )

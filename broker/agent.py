@@ -87,7 +87,9 @@ class Agent:
         expires = now + cfg.lease_ms
 
         def txn(tr):  # type: ignore[no-untyped-def]
-            node_id = cluster.register_agent(tr, self.sub, cfg.advertised, cfg.port, cfg.rack, expires)
+            node_id = cluster.register_agent(
+                tr, self.sub, cfg.advertised, cfg.port, cfg.rack, expires
+            )
             return node_id, cluster.live_agents(tr, self.sub, now)
 
         self.node_id, live = await self.kv.transact(txn)
@@ -168,7 +170,9 @@ class Agent:
     def live_agents(self) -> list[AgentInfo]:
         if not self.live:
             return [
-                AgentInfo(self.node_id, self.config.advertised, self.config.port, self.config.rack, 0)
+                AgentInfo(
+                    self.node_id, self.config.advertised, self.config.port, self.config.rack, 0
+                )
             ]
         return self.live
 

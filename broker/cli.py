@@ -43,15 +43,30 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("data-dir", str, "./bucketlog-data", "folder for the embedded default stores"),
     ("agents", int, 1, "number of agent processes (ports PORT..PORT+N-1)"),
     ("metadata", str, None, "metadata store URL (default sqlite:///<data-dir>/metadata.db)"),
-    ("storage", str, None, "object store URL (default file://<data-dir>/objects; or s3://bucket/prefix)"),
+    (
+        "storage",
+        str,
+        None,
+        "object store URL (default file://<data-dir>/objects; or s3://bucket/prefix)",
+    ),
     ("s3-endpoint-url", str, None, "S3 endpoint, for S3-compatible stores"),
-    ("flush-interval-ms", int, None, "longest a produced batch waits for its flush (default: 2 local, 250 S3)"),
+    (
+        "flush-interval-ms",
+        int,
+        None,
+        "longest a produced batch waits for its flush (default: 2 local, 250 S3)",
+    ),
     ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
     ("cluster-name", str, "default", "name of the cluster inside the metadata store"),
     ("rack", str, None, "rack (zone) of this agent"),
     ("auto-create-topics", _bool, True, "create unknown topics on Metadata requests"),
     ("default-partitions", int, 1, "partitions of auto-created topics"),
-    ("max-frame-bytes", int, 100 * 1024 * 1024, "largest request accepted (socket.request.max.bytes)"),
+    (
+        "max-frame-bytes",
+        int,
+        100 * 1024 * 1024,
+        "largest request accepted (socket.request.max.bytes)",
+    ),
     ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
     ("log-level", str, "INFO", "logging level"),
 ]
@@ -96,7 +111,16 @@ def _run_many(config: BrokerConfig, agents: int, argv: Sequence[str]) -> int:
     children = []
     base = [a for a in argv]
     for i in range(agents):
-        child_argv = [sys.executable, "-m", "broker.cli", *base, "--agents", "1", "--port", str(config.port + i)]
+        child_argv = [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            *base,
+            "--agents",
+            "1",
+            "--port",
+            str(config.port + i),
+        ]
         children.append(subprocess.Popen(child_argv))
 
     def stop(signum: int, _frame: object) -> None:

@@ -65,10 +65,10 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str) -> bytes | None:
         if api is not None and header.api_key == 18:
             from broker.handlers import api_versions
 
-            return encode_response(
-                header.correlation_id, api_versions.unsupported_version_answer()
-            )
-        raise _Close(f"unsupported API key {header.api_key} version {header.api_version} from {peer}")
+            return encode_response(header.correlation_id, api_versions.unsupported_version_answer())
+        raise _Close(
+            f"unsupported API key {header.api_key} version {header.api_version} from {peer}"
+        )
     ctx = RequestContext(agent, header.api_version, header.correlation_id, header.client_id, peer)
     try:
         response = await api.handler(body, ctx)
@@ -84,7 +84,8 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str) -> bytes | None:
 
 async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> None:
     try:
-        peer = "%s:%s" % stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+        host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+        peer = f"{host}:{port}"
     except Exception:
         peer = "?"
     conn = ServerConnection(max_frame_size=agent.config.max_frame_bytes)
@@ -148,9 +149,14 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
     agent = Agent.open(config)
     try:
         await agent.register()
-        listener = await anyio.create_tcp_listener(
-            local_host=config.host, local_port=config.port, reuse_port=False
-        )
+        try:
+            listener = await anyio.create_tcp_listener(
+                local_host=config.host, local_port=config.port
+            )
+        except OSError as exc:
+            raise SystemExit(
+                f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
+            ) from None
         log.info(
             "bucketlog agent %d listening on %s:%d (cluster %s, metadata %s, storage %s)",
             agent.node_id,

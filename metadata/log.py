@@ -83,7 +83,9 @@ def _put_partition(
 def _entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
     last_offset = sub.unpack(key)[3]
     object_key, start, length, base, count, max_ts = keys.unpack_value(value)
-    return ChunkEntry(object_key, int(start), int(length), int(base), int(last_offset), int(count), int(max_ts))
+    return ChunkEntry(
+        object_key, int(start), int(length), int(base), int(last_offset), int(count), int(max_ts)
+    )
 
 
 def read_chunks(
@@ -98,6 +100,36 @@ def read_chunks(
     _begin, end = sub.range(keys.CHUNK, topic_id, partition)
     begin = sub.key(keys.CHUNK, topic_id, partition, from_offset)
     return [_entry(sub, k, v) for k, v in tr.get_range(begin, end, limit=limit)]
+
+
+def _write_run(
+    tr: Transaction,
+    sub: keys.Subspace,
+    object_key: str,
+    topic_id: bytes,
+    partition: int,
+    run: list[PendingBatch],
+    next_offset: int,
+) -> int:
+    """Write the chunk entry of a run of accepted batches ending just before next_offset."""
+    if not run:
+        return 0
+    first, last = run[0], run[-1]
+    base_offset = next_offset - sum(b.last_offset_delta + 1 for b in run)
+    tr.set(
+        sub.key(keys.CHUNK, topic_id, partition, next_offset - 1),
+        keys.pack_value(
+            (
+                object_key,
+                first.start,
+                last.start + last.length - first.start,
+                base_offset,
+                len(run),
+                max(b.max_timestamp for b in run),
+            )
+        ),
+    )
+    return 1
 
 
 def commit_ingest(
@@ -127,30 +159,7 @@ def commit_ingest(
             continue
         hwm = state.high_watermark
         run: list[PendingBatch] = []
-        run_base = hwm
         producer_states: dict[int, producers.PartitionProducerState | None] = {}
-
-        def close_run() -> None:
-            nonlocal live_chunks, run, run_base
-            if run:
-                first, last = run[0], run[-1]
-                tr.set(
-                    sub.key(keys.CHUNK, topic_id, partition, hwm - 1),
-                    keys.pack_value(
-                        (
-                            object_key,
-                            first.start,
-                            last.start + last.length - first.start,
-                            run_base,
-                            len(run),
-                            max(b.max_timestamp for b in run),
-                        )
-                    ),
-                )
-                live_chunks += 1
-            run = []
-            run_base = hwm
-
         for i in indexes:
             batch = batches[i]
             if batch.producer_id >= 0:
@@ -170,7 +179,8 @@ def commit_ingest(
                     last_seq,
                 )
                 if check.error != ErrorCode.none or check.duplicate_of is not None:
-                    close_run()
+                    live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
+                    run = []
                     results[i] = AppendResult(
                         check.error,
                         check.duplicate_of if check.duplicate_of is not None else -1,
@@ -181,17 +191,22 @@ def commit_ingest(
                     producer_states[pid], batch.producer_epoch, batch.base_sequence, last_seq, hwm
                 )
             if run and run[-1].start + run[-1].length != batch.start:
-                close_run()
+                live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
+                run = []
             run.append(batch)
             results[i] = AppendResult(ErrorCode.none, hwm, state.log_start_offset)
             hwm += batch.last_offset_delta + 1
-        close_run()
+        live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
         if hwm != state.high_watermark:
-            _put_partition(tr, sub, topic_id, partition, PartitionState(hwm, state.log_start_offset))
+            _put_partition(
+                tr, sub, topic_id, partition, PartitionState(hwm, state.log_start_offset)
+            )
         for pid, pstate in producer_states.items():
             if pstate is not None:
                 producers.store_partition_state(tr, sub, pid, topic_id, partition, pstate)
 
     if live_chunks:
-        tr.set(sub.key(keys.OBJECT, object_key), keys.pack_value((object_size, live_chunks, now_ms)))
+        tr.set(
+            sub.key(keys.OBJECT, object_key), keys.pack_value((object_size, live_chunks, now_ms))
+        )
     return [r if r is not None else AppendResult(ErrorCode.unknown_server_error) for r in results]

@@ -8,7 +8,6 @@ The first batch of a response is returned even when it is larger than the byte l
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from protocol.records import iter_batches, rebase_batches
 API_KEY = 1
 READ_COMMITTED = 1
 ENTRIES_PER_READ = 16
+LEADER_EPOCH = 0  # no replication, no truncation: one epoch forever
 
 
 @dataclass(slots=True)
@@ -87,7 +87,11 @@ def _select(
             sel_end = view.position + view.size
             used += view.size
         if sel_start >= 0:
-            parts.append(rebase_batches(bytes(data[sel_start:sel_end]), first_offset))
+            parts.append(
+                rebase_batches(
+                    data[sel_start:sel_end], first_offset, partition_leader_epoch=LEADER_EPOCH
+                )
+            )
         if full:
             break
     return b"".join(parts), used
@@ -100,7 +104,12 @@ async def handle(request: Any, ctx: Any) -> Any:
     if getattr(request, "session_id", 0) != 0 and getattr(request, "session_epoch", -1) > 0:
         return build(
             response_class(request),
-            {"throttle_time": 0, "error_code": ErrorCode.fetch_session_id_not_found, "session_id": 0, "responses": []},
+            {
+                "throttle_time": 0,
+                "error_code": ErrorCode.fetch_session_id_not_found,
+                "session_id": 0,
+                "responses": [],
+            },
         )
     # Resolve every requested partition once.
     topic_order: list[tuple[Any, list[_Wanted]]] = []
@@ -158,7 +167,9 @@ async def handle(request: Any, ctx: Any) -> Any:
                 entries_data.append((e, blobs[i]))
                 i += 1
             budget = max(0, min(w.partition_max_bytes, max_bytes - total))
-            w.records, used = _select(entries_data, w.fetch_offset, budget, must_take_one=total == 0)
+            w.records, used = _select(
+                entries_data, w.fetch_offset, budget, must_take_one=total == 0
+            )
             total += used
         remaining = deadline - anyio.current_time()
         has_error = any(w.error != ErrorCode.none for w in wanted)
@@ -194,6 +205,3 @@ async def handle(request: Any, ctx: Any) -> Any:
         response_class(request),
         {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses},
     )
-
-
-_ = uuid  # topic ids arrive as uuid.UUID values

@@ -19,10 +19,18 @@ log = logging.getLogger(__name__)
 async def handle(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
     if request.transactional_id is not None:
-        log.warning("transactional producer %r refused: transactions are not enabled", request.transactional_id)
+        log.warning(
+            "transactional producer %r refused: transactions are not enabled",
+            request.transactional_id,
+        )
         return build(
             response_class(request),
-            {"throttle_time": 0, "error_code": ErrorCode.unsupported_version, "producer_id": -1, "producer_epoch": -1},
+            {
+                "throttle_time": 0,
+                "error_code": ErrorCode.unsupported_version,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            },
         )
 
     def txn(tr: Any) -> int:
@@ -33,5 +41,10 @@ async def handle(request: Any, ctx: Any) -> Any:
     producer_id = await agent.kv.transact(txn)
     return build(
         response_class(request),
-        {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id, "producer_epoch": 0},
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "producer_id": producer_id,
+            "producer_epoch": 0,
+        },
     )

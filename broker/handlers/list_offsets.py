@@ -45,7 +45,9 @@ async def _answer(agent: Any, topic: Any, partition: int, timestamp: int) -> dic
     elif timestamp == LATEST_TIERED:
         offset, ts = -1, -1  # nothing is tiered: Kafka answers -1 without remote storage
     elif timestamp == MAX_TIMESTAMP:
-        offset, ts = await offset_of_max_timestamp(agent, topic.topic_id, partition, state.log_start_offset)
+        offset, ts = await offset_of_max_timestamp(
+            agent, topic.topic_id, partition, state.log_start_offset
+        )
     elif timestamp < 0:
         answer["error_code"] = ErrorCode.invalid_request
         return answer

@@ -56,7 +56,9 @@ def broker_entries(agent: Any) -> list[dict[str, Any]]:
     ]
 
 
-def error_topic(name: str | None, code: ErrorCode, topic_id: uuid.UUID | None = None) -> dict[str, Any]:
+def error_topic(
+    name: str | None, code: ErrorCode, topic_id: uuid.UUID | None = None
+) -> dict[str, Any]:
     return {
         "error_code": code,
         "name": name,
@@ -71,7 +73,9 @@ def error_topic(name: str | None, code: ErrorCode, topic_id: uuid.UUID | None = 
 async def handle(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
     version = ctx.api_version
-    allow_auto = getattr(request, "allow_auto_topic_creation", True) and agent.config.auto_create_topics
+    allow_auto = (
+        getattr(request, "allow_auto_topic_creation", True) and agent.config.auto_create_topics
+    )
     requested = request.topics
     if version == 0 and requested is not None and len(requested) == 0:
         requested = None  # v0: an empty list means all topics

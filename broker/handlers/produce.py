@@ -16,13 +16,15 @@ from kio.schema.errors import ErrorCode
 from broker.entities import build
 from broker.handlers import api, response_class
 from metadata.log import AppendResult
-from protocol.records import RecordBatchError, validate_batches
+from protocol.records import RecordBatchError, validate_produce_records
 
 API_KEY = 0
 VALID_ACKS = (-1, 0, 1)
 
 
-def _partition_answer(index: int, result: AppendResult, message: str | None = None) -> dict[str, Any]:
+def _partition_answer(
+    index: int, result: AppendResult, message: str | None = None
+) -> dict[str, Any]:
     return {
         "index": index,
         "error_code": result.error,
@@ -48,7 +50,9 @@ async def handle(request: Any, ctx: Any) -> Any:
             key = (name, pdata.index)
             order.append(key)
             if request.acks not in VALID_ACKS:
-                answers[key] = _partition_answer(pdata.index, AppendResult(ErrorCode.invalid_required_acks))
+                answers[key] = _partition_answer(
+                    pdata.index, AppendResult(ErrorCode.invalid_required_acks)
+                )
                 continue
             if topic is None or not 0 <= pdata.index < topic.partitions:
                 answers[key] = _partition_answer(
@@ -58,18 +62,7 @@ async def handle(request: Any, ctx: Any) -> Any:
             records = pdata.records or b""
             max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
             try:
-                views = validate_batches(records, max_bytes)
-                if len(views) != 1:
-                    raise RecordBatchError(
-                        ErrorCode.invalid_record,
-                        "Produce requests with version 3+ must have exactly one record batch "
-                        "per partition",
-                    )
-                view = views[0]
-                if view.is_control:
-                    raise RecordBatchError(
-                        ErrorCode.invalid_record, "Client produce requests must not carry control batches"
-                    )
+                view = validate_produce_records(records, ctx.api_version, max_bytes)
                 if view.is_transactional or request.transactional_id is not None:
                     raise RecordBatchError(
                         ErrorCode.invalid_txn_state,
@@ -82,7 +75,9 @@ async def handle(request: Any, ctx: Any) -> Any:
                 continue
             queued.append((key, topic.topic_id, pdata.index, bytes(records), view))
 
-    async def append(key: tuple[str, int], topic_id: bytes, partition: int, data: bytes, view: Any) -> None:
+    async def append(
+        key: tuple[str, int], topic_id: bytes, partition: int, data: bytes, view: Any
+    ) -> None:
         result = await agent.pipeline.append(topic_id, partition, data, view)
         answers[key] = _partition_answer(partition, result)
 
