@@ -1,0 +1,255 @@
+"""Request decoding and response encoding with kio entities.
+
+Rules:
+
+- This is the only module that imports ``kio.serial``: kio's reader API has
+  changed between releases, so it is wrapped here and nowhere else.
+- ``decode_request`` takes one frame (no size prefix) and returns the header
+  and the kio request entity. Unknown API keys/versions raise
+  ``UnsupportedVersion`` with the correlation id; bytes that do not parse raise
+  ``MalformedRequest``. Bytes after the body are ignored, as Apache Kafka
+  does (``RequestContext.parseRequest`` never checks for a remainder).
+- ``encode_response`` returns the complete frame: size prefix, the header the
+  response's API version calls for (``protocol.headers``), and the body. The
+  body is written as a list of parts joined once, so the records bytes of a
+  FetchResponse are copied exactly once, into the frame. Records may be given
+  as ``bytes`` or as a ``memoryview`` over a cache.
+- kio readers and writers are built once per entity class and cached.
+- The client-side pair ``encode_request`` / ``decode_response`` serves tests
+  and tools.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.static.protocol import Entity, RequestPayload, ResponsePayload
+
+from .errors import (
+    LocalProtocolError,
+    MalformedRequest,
+    MalformedResponse,
+    UnsupportedVersion,
+)
+from .headers import (
+    API_VERSIONS_KEY,
+    RequestHeader,
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    parse_response_header,
+    request_header_version,
+    response_header_version,
+)
+
+__all__ = [
+    "Request",
+    "Response",
+    "decode_entity",
+    "decode_request",
+    "decode_response",
+    "encode_entity",
+    "encode_request",
+    "encode_response",
+    "request_schema",
+    "response_schema",
+]
+
+E = TypeVar("E", bound=Entity)
+_Reader = Callable[[bytes | memoryview, int], tuple[Any, int]]
+_Writer = Callable[[Any, Any], None]
+
+_SIZE = struct.Struct(">i")
+_MAX_FRAME = 0x7FFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decoded request: its header and its kio body entity."""
+
+    header: RequestHeader
+    body: RequestPayload
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A decoded response: its correlation id and its kio body entity."""
+
+    correlation_id: int
+    body: ResponsePayload
+
+
+class _Parts(list[bytes | memoryview]):
+    """A write target that keeps references instead of copying.
+
+    kio's writers only call ``write``; joining the parts at the end copies
+    every byte exactly once.
+    """
+
+    __slots__ = ()
+
+    # list.append itself, not a Python wrapper: kio calls write once per field.
+    write = list.append
+
+
+_readers: dict[type[Entity], _Reader] = {}
+_writers: dict[type[Entity], _Writer] = {}
+
+
+def _reader(entity_type: type[Entity]) -> _Reader:
+    reader = _readers.get(entity_type)
+    if reader is None:
+        reader = cast(_Reader, entity_reader(entity_type))
+        _readers[entity_type] = reader
+    return reader
+
+
+def _writer(entity_type: type[Entity]) -> _Writer:
+    writer = _writers.get(entity_type)
+    if writer is None:
+        writer = cast(_Writer, entity_writer(entity_type))
+        _writers[entity_type] = writer
+    return writer
+
+
+def request_schema(api_key: int, api_version: int) -> type[RequestPayload] | None:
+    """kio's request class for this API version, or None if unknown."""
+    try:
+        return load_request_schema(api_key, api_version)
+    except KioIndexError:
+        return None
+
+
+def response_schema(api_key: int, api_version: int) -> type[ResponsePayload] | None:
+    """kio's response class for this API version, or None if unknown."""
+    try:
+        return load_response_schema(api_key, api_version)
+    except KioIndexError:
+        return None
+
+
+def _read_only(data: bytes | bytearray | memoryview) -> bytes | memoryview:
+    # kio's native reader refuses writable buffers.
+    if isinstance(data, bytes):
+        return data
+    view = memoryview(data)
+    return view if view.readonly else view.toreadonly()
+
+
+def decode_request(frame: bytes | bytearray | memoryview) -> Request:
+    """Decode one request frame (without its size prefix).
+
+    :raises UnsupportedVersion: kio does not know the API key or version;
+        for ApiVersions the client id is filled in when the header parsed.
+    :raises MalformedRequest: the header or body does not parse.
+    """
+    data = _read_only(frame)
+    try:
+        header, offset = parse_request_header(data)
+    except MalformedRequest as error:
+        # A client probing with a future ApiVersions version must still get an
+        # answer even if that version's header is one we cannot parse.
+        if error.api_key == API_VERSIONS_KEY and error.correlation_id is not None:
+            assert error.api_version is not None
+            if request_schema(API_VERSIONS_KEY, error.api_version) is None:
+                raise UnsupportedVersion(
+                    API_VERSIONS_KEY, error.api_version, error.correlation_id
+                ) from None
+        raise
+    schema = request_schema(header.api_key, header.api_version)
+    if schema is None:
+        raise UnsupportedVersion(
+            header.api_key, header.api_version, header.correlation_id, header.client_id
+        )
+    try:
+        body, _consumed = _reader(schema)(data, offset)
+    except Exception as error:
+        # Whatever kio raises here is about the bytes we were given.
+        raise MalformedRequest(
+            f"{schema.__name__} v{header.api_version} body does not parse: {error}",
+            api_key=header.api_key,
+            api_version=header.api_version,
+            correlation_id=header.correlation_id,
+        ) from error
+    return Request(header, body)
+
+
+def _encode_frame(head: bytes, entity: Entity) -> bytes:
+    parts = _Parts((b"", head))
+    try:
+        _writer(type(entity))(parts, entity)
+    except Exception as error:
+        raise LocalProtocolError(f"cannot encode {type(entity).__name__}: {error}") from error
+    size = sum(map(len, parts))
+    if size > _MAX_FRAME:
+        raise LocalProtocolError(f"a frame of {size} bytes does not fit an int32 size")
+    parts[0] = _SIZE.pack(size)
+    return b"".join(parts)
+
+
+def encode_response(correlation_id: int, response: ResponsePayload) -> bytes:
+    """Encode ``response`` as a complete frame: size prefix, header, body."""
+    header_version = response_header_version(response.__api_key__, response.__version__)
+    return _encode_frame(encode_response_header(correlation_id, header_version), response)
+
+
+def encode_request(
+    request: RequestPayload, *, correlation_id: int, client_id: str | None = None
+) -> bytes:
+    """Encode ``request`` as a complete frame: size prefix, header, body."""
+    api_key = int(request.__api_key__)
+    api_version = int(request.__version__)
+    header_version = request_header_version(api_key, api_version)
+    if header_version is None:
+        raise LocalProtocolError(f"API key {api_key} version {api_version} is unknown")
+    header = RequestHeader(api_key, api_version, correlation_id, client_id)
+    return _encode_frame(encode_request_header(header, header_version), request)
+
+
+def decode_response(
+    frame: bytes | bytearray | memoryview, api_key: int, api_version: int
+) -> Response:
+    """Decode one response frame (without its size prefix) to the request's
+    API key and version.
+
+    :raises MalformedResponse: the frame does not parse.
+    """
+    schema = response_schema(api_key, api_version)
+    if schema is None:
+        raise LocalProtocolError(f"API key {api_key} version {api_version} is unknown")
+    data = _read_only(frame)
+    correlation_id, offset = parse_response_header(
+        data, response_header_version(api_key, api_version)
+    )
+    try:
+        body, _consumed = _reader(schema)(data, offset)
+    except Exception as error:
+        raise MalformedResponse(
+            f"{schema.__name__} (correlation id {correlation_id}) does not parse: {error}"
+        ) from error
+    return Response(correlation_id, body)
+
+
+def encode_entity(entity: Entity) -> bytes:
+    """Encode any kio entity alone (no header, no size prefix), e.g. a
+    ConsumerProtocolAssignment carried as bytes inside SyncGroup."""
+    parts = _Parts()
+    _writer(type(entity))(parts, entity)
+    return b"".join(parts)
+
+
+def decode_entity(entity_type: type[E], data: bytes | bytearray | memoryview) -> E:
+    """Decode a kio entity from ``data`` (bytes after it are ignored).
+
+    :raises ValueError: the bytes do not parse.
+    """
+    try:
+        entity, _consumed = _reader(entity_type)(_read_only(data), 0)
+    except Exception as error:
+        raise ValueError(f"{entity_type.__name__} does not parse: {error}") from error
+    return cast(E, entity)
