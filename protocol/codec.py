@@ -48,6 +48,11 @@ from .headers import (
 )
 
 __all__ = [
+    # The errors this module raises, re-exported for its callers.
+    "LocalProtocolError",
+    "MalformedRequest",
+    "MalformedResponse",
+    "UnsupportedVersion",
     "Request",
     "Response",
     "decode_entity",

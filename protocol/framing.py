@@ -30,6 +30,11 @@ from .codec import Response, decode_response, encode_request
 from .errors import FrameTooLarge, LocalProtocolError, MalformedFrame, ProtocolError
 
 __all__ = [
+    # The errors this module raises, re-exported for its callers.
+    "FrameTooLarge",
+    "LocalProtocolError",
+    "MalformedFrame",
+    "ProtocolError",
     "DEFAULT_MAX_FRAME_SIZE",
     "ClientConnection",
     "Response",
