@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 TOPIC_CACHE_SECONDS = 1.0
 WATERMARK_POLL_SECONDS = 0.05
+LIVE_AGENTS_SECONDS = 0.5
 
 
 def now_ms() -> int:
@@ -61,6 +62,7 @@ class Agent:
         self.node_id = -1
         self.cluster_id = ""
         self.live: list[AgentInfo] = []
+        self._live_read_at = 0.0
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
 
@@ -94,6 +96,7 @@ class Agent:
 
         self.node_id, live = await self.kv.transact(txn)
         self.live = sorted(live, key=lambda a: a.node_id)
+        self._live_read_at = time.monotonic()
 
     async def deregister(self) -> None:
         if self.node_id >= 0:
@@ -166,6 +169,16 @@ class Agent:
         return value if value is not None else self.config.topic_defaults.get(name, "")
 
     # -- placement -------------------------------------------------------------------
+
+    async def refresh_live_agents(self, max_age: float = LIVE_AGENTS_SECONDS) -> list[AgentInfo]:
+        """The live agents, re-read when the last read is older than max_age seconds."""
+        clock = time.monotonic()
+        if clock - self._live_read_at >= max_age:
+            now = now_ms()
+            live = await self.kv.read(lambda tr: cluster.live_agents(tr, self.sub, now))
+            self.live = sorted(live, key=lambda a: a.node_id)
+            self._live_read_at = clock
+        return self.live_agents()
 
     def live_agents(self) -> list[AgentInfo]:
         if not self.live:

@@ -4,9 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import boto3
 import pytest
 
+from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS, moto_server
 from tests.support.brokerproc import BrokerProcess, free_ports
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[str]:
+    """Endpoint URL of a moto S3 server holding an empty bucket TEST_BUCKET."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in TEST_CREDENTIALS.items():
+            mp.setenv(name, value)
+        # Keep a developer's own AWS profile out of the tests.
+        mp.setenv("AWS_CONFIG_FILE", "/dev/null")
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        mp.delenv("AWS_PROFILE", raising=False)
+        with moto_server() as url:
+            client = boto3.session.Session().client("s3", endpoint_url=url, region_name="us-east-1")
+            client.create_bucket(Bucket=TEST_BUCKET)
+            client.close()
+            yield url
 
 
 @pytest.fixture

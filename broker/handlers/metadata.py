@@ -73,6 +73,7 @@ def error_topic(
 async def handle(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
     version = ctx.api_version
+    await agent.refresh_live_agents(max_age=0.0)  # clients act on this answer: keep it current
     allow_auto = (
         getattr(request, "allow_auto_topic_creation", True) and agent.config.auto_create_topics
     )

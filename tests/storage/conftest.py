@@ -1,35 +1,17 @@
-"""Fixtures: a moto S3 server for the session, and every object store to test against."""
+"""Fixtures: every object store to test against (the moto S3 server is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import boto3
 import pytest
 
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStore
 from storage.s3 import S3ObjectStore
-from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS, moto_server
-
-
-@pytest.fixture(scope="session")
-def moto_s3() -> Iterator[str]:
-    """Endpoint URL of a moto S3 server holding an empty bucket TEST_BUCKET."""
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in TEST_CREDENTIALS.items():
-            mp.setenv(name, value)
-        # Keep a developer's own AWS profile out of the tests.
-        mp.setenv("AWS_CONFIG_FILE", "/dev/null")
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        mp.delenv("AWS_PROFILE", raising=False)
-        with moto_server() as url:
-            client = boto3.session.Session().client("s3", endpoint_url=url, region_name="us-east-1")
-            client.create_bucket(Bucket=TEST_BUCKET)
-            client.close()
-            yield url
+from tests.storage.moto_support import TEST_BUCKET
 
 
 def make_s3_store(endpoint_url: str) -> S3ObjectStore:

@@ -1,0 +1,63 @@
+"""The broker on the S3 store (a real S3 API server: moto's server mode on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import boto3
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from tests.storage.moto_support import TEST_BUCKET
+
+
+def test_produce_consume_on_s3(start_broker, moto_s3):
+    prefix = f"e2e-{uuid.uuid4().hex}"
+    broker = start_broker(
+        extra_args=[
+            "--storage",
+            f"s3://{TEST_BUCKET}/{prefix}",
+            "--s3-endpoint-url",
+            moto_s3,
+            "--flush-interval-ms",
+            "20",
+            "--default-partitions",
+            "3",
+        ],
+        env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+    sent = {}
+    for i in range(300):
+        key = b"key-%d" % (i % 17)
+        producer.produce("s3topic", key=key, value=b"value-%d" % i, headers=[("n", b"%d" % i)])
+    assert producer.flush(20) == 0
+
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "s3", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition("s3topic", p, 0) for p in range(3)])
+    got: dict[int, list] = {}
+    deadline = time.monotonic() + 30
+    while sum(map(len, got.values())) < 300 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        assert msg.error() is None, msg.error()
+        got.setdefault(msg.partition(), []).append((msg.offset(), msg.key(), msg.value(), msg.headers()))
+    consumer.close()
+    values = sorted(v for recs in got.values() for _o, _k, v, _h in recs)
+    assert values == sorted(b"value-%d" % i for i in range(300))
+    for recs in got.values():
+        assert [o for o, *_ in recs] == list(range(len(recs)))
+        for _o, key, value, headers in recs:
+            i = int(value.split(b"-")[1])
+            assert key == b"key-%d" % (i % 17)
+            assert headers == [("n", b"%d" % i)]
+    del sent
+
+    # The ingest files are in the bucket, under the prefix, and nothing else is.
+    s3 = boto3.client("s3", endpoint_url=moto_s3, region_name="us-east-1")
+    listed = s3.list_objects_v2(Bucket=TEST_BUCKET, Prefix=prefix + "/")
+    keys = [o["Key"] for o in listed.get("Contents", [])]
+    assert keys and all(k.startswith(prefix + "/ingest/") for k in keys)
