@@ -60,7 +60,7 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
         return _xerial_compress(data)
     if codec == Compression.LZ4:
         compressor = cramjam.lz4.Compressor(level=1, content_checksum=False, block_linked=False)
-        compressor.compress(data)
+        compressor.compress(data if isinstance(data, bytes) else bytes(data))
         return bytes(compressor.finish())
     if codec == Compression.ZSTD:
         return bytes(cramjam.zstd.compress(data, level=1))

@@ -25,6 +25,8 @@ PAYLOADS = [
 def test_round_trip(codec: Compression, payload: bytes) -> None:
     compressed = compress(codec, payload)
     assert decompress(codec, compressed) == payload
+    assert decompress(codec, compress(codec, bytearray(payload))) == payload
+    assert decompress(codec, compress(codec, memoryview(payload))) == payload
     assert decompress(codec, memoryview(compressed)) == payload
     assert decompress(codec, bytearray(compressed)) == payload
 
