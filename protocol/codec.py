@@ -222,6 +222,10 @@ def decode_response(
     """Decode one response frame (without its size prefix) to the request's
     API key and version.
 
+    An ApiVersions response that does not parse as the version asked for is
+    read as v0, as the Java client does: a broker answers a version it lacks
+    with a v0 UNSUPPORTED_VERSION response. ``body.__version__`` tells which.
+
     :raises MalformedResponse: the frame does not parse.
     """
     schema = response_schema(api_key, api_version)
@@ -232,8 +236,19 @@ def decode_response(
         data, response_header_version(api_key, api_version)
     )
     try:
-        body, _consumed = _reader(schema)(data, offset)
+        body, consumed = _reader(schema)(data, offset)
+        if api_key == API_VERSIONS_KEY and offset + consumed != len(data):
+            raise MalformedResponse(f"{len(data) - offset - consumed} bytes left over")
     except Exception as error:
+        fallback = response_schema(API_VERSIONS_KEY, 0)
+        if api_key == API_VERSIONS_KEY and api_version != 0 and fallback is not None:
+            try:
+                body, consumed = _reader(fallback)(data, offset)
+            except Exception:
+                pass
+            else:
+                if offset + consumed == len(data):
+                    return Response(correlation_id, body)
         raise MalformedResponse(
             f"{schema.__name__} (correlation id {correlation_id}) does not parse: {error}"
         ) from error

@@ -360,3 +360,29 @@ def test_entity_round_trip() -> None:
     assert decode_entity(module.ConsumerProtocolAssignment, data) == assignment
     with pytest.raises(ValueError):
         decode_entity(module.ConsumerProtocolAssignment, data[:3])
+
+
+@pytest.mark.parametrize("asked", [1, 2, 3, 4])
+def test_client_reads_a_v0_unsupported_version_answer(asked: int) -> None:
+    module = schema("api_versions", 0, "response")
+    answer = module.ApiVersionsResponse(
+        error_code=ErrorCode.unsupported_version,
+        api_keys=(module.ApiVersion(api_key=18, min_version=0, max_version=2),),
+    )
+    response = decode_response(encode_response(5, answer)[4:], 18, asked)
+    assert response.correlation_id == 5
+    assert response.body == answer
+    assert response.body.__version__ == 0
+
+
+@pytest.mark.parametrize("version", range(5))
+def test_api_versions_answers_are_read_at_their_own_version(version: int) -> None:
+    _, answer = api_versions(version)
+    response = decode_response(encode_response(5, answer)[4:], 18, version)
+    assert response.body == answer
+    assert response.body.__version__ == version
+
+
+def test_garbage_api_versions_answer_is_malformed() -> None:
+    with pytest.raises(MalformedResponse):
+        decode_response(b"\x00\x00\x00\x05\xff\xff\xff", 18, 3)
