@@ -23,6 +23,7 @@ kcat:
 lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: $(STAMP) kcat lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider

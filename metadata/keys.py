@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import fdb.tuple as fdbtuple
+from metadata.tuple import pack, unpack
 
 CLUSTER = 1
 NODE = 2
@@ -44,11 +44,11 @@ OBJECT = 11
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:
-    return bytes(fdbtuple.pack(value))
+    return pack(value)
 
 
 def unpack_value(raw: bytes) -> tuple[Any, ...]:
-    return tuple(fdbtuple.unpack(raw))
+    return unpack(raw)
 
 
 class Subspace:
@@ -57,13 +57,13 @@ class Subspace:
     __slots__ = ("raw",)
 
     def __init__(self, prefix: tuple[Any, ...]) -> None:
-        self.raw = bytes(fdbtuple.pack(prefix))
+        self.raw = pack(prefix)
 
     def key(self, *parts: Any) -> bytes:
-        return self.raw + bytes(fdbtuple.pack(parts))
+        return self.raw + pack(parts)
 
     def unpack(self, key: bytes) -> tuple[Any, ...]:
-        return tuple(fdbtuple.unpack(key[len(self.raw) :]))
+        return unpack(key[len(self.raw) :])
 
     def range(self, *parts: Any) -> tuple[bytes, bytes]:
         """[begin, end) of every key that extends the tuple `parts`."""

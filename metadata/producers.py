@@ -65,7 +65,7 @@ def load_partition_state(
     if raw is None:
         return None
     epoch, batches = keys.unpack_value(raw)
-    return PartitionProducerState(int(epoch), [tuple(b) for b in batches])  # type: ignore[misc]
+    return PartitionProducerState(int(epoch), [(int(f), int(la), int(b)) for f, la, b in batches])
 
 
 def store_partition_state(

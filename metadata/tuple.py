@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 # fdb ships no type information; everything it returns is re-typed below.
-import fdb.tuple as _fdb_tuple  # type: ignore[import-untyped]
+import fdb.tuple as _fdb_tuple
 
 
 def pack(t: tuple[Any, ...]) -> bytes:
