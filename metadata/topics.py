@@ -53,6 +53,12 @@ def list_topics(tr: ReadTransaction, sub: keys.Subspace) -> list[Topic]:
     return topics
 
 
+def list_topic_names(tr: ReadTransaction, sub: keys.Subspace) -> list[str]:
+    """Every topic's name, in name order, without reading the topics themselves."""
+    begin, end = sub.range(keys.TOPIC_NAME)
+    return [sub.unpack(key)[1] for key, _topic_id in tr.get_range(begin, end)]
+
+
 def create_topic(
     tr: Transaction,
     sub: keys.Subspace,
