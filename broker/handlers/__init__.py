@@ -40,6 +40,7 @@ _MODULES = (
     "fetch",
     "list_offsets",
     "init_producer_id",
+    "topics_admin",
     "configs",
 )
 
