@@ -42,6 +42,7 @@ _MODULES = (
     "init_producer_id",
     "topics_admin",
     "configs",
+    "cluster",
 )
 
 
