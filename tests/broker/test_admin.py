@@ -30,7 +30,16 @@ from kafka.admin import KafkaAdminClient
 from kafka.admin import NewPartitions as KpNewPartitions
 from kafka.admin import NewTopic as KpNewTopic
 from kafka.protocol.admin.cluster import DescribeClusterRequest
-from kafka.protocol.admin.configs import DescribeConfigsRequest
+from kafka.protocol.admin.configs import (
+    AlterConfigsRequest,
+    DescribeConfigsRequest,
+    IncrementalAlterConfigsRequest,
+)
+from kafka.protocol.admin.topics import (
+    CreatePartitionsRequest,
+    CreateTopicsRequest,
+    DeleteTopicsRequest,
+)
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest
 
 OK = 0
@@ -633,6 +642,78 @@ def test_offset_for_leader_epoch(broker):
         assert values == [b"2", b"3", b"4"]
     finally:
         consumer.close()
+
+
+# -- every advertised version ------------------------------------------------------------
+
+
+def test_every_advertised_version_of_the_topic_and_config_apis(broker):
+    """One request per version, pinned, so no version's field set is left untried."""
+    kp = kp_admin(broker)
+
+    def pinned(cls: type, version: int, **fields: Any) -> Any:
+        return raw(kp, cls(**fields, min_version=version, max_version=version))
+
+    try:
+        for v in range(2, 8):
+            topics = [(f"v{v}", 2, 1, [], [("retention.ms", "1000")])]
+            for expected in (OK, KafkaError.TOPIC_ALREADY_EXISTS):
+                (result,) = pinned(
+                    CreateTopicsRequest, v, topics=topics, timeout_ms=10000, validate_only=False
+                ).topics
+                assert (result.name, result.error_code) == (f"v{v}", expected), v
+            if v >= 5:
+                assert (result.num_partitions, result.replication_factor) == (-1, -1)
+        for v in range(0, 4):
+            topics = [(f"v{v + 2}", 3, None), ("v-none", 3, None)]
+            results = pinned(
+                CreatePartitionsRequest, v, topics=topics, timeout_ms=10000, validate_only=False
+            ).results
+            assert [(r.name, r.error_code) for r in results] == [
+                (f"v{v + 2}", OK),
+                ("v-none", KafkaError.UNKNOWN_TOPIC_OR_PART),
+            ], v
+        for v in range(0, 3):
+            resources = [(2, f"v{v + 2}", [("retention.ms", "2000")])]
+            (result,) = pinned(
+                AlterConfigsRequest, v, resources=resources, validate_only=False
+            ).responses
+            assert result.error_code == OK, v
+        for v in range(0, 2):
+            resources = [(2, f"v{v + 2}", [("cleanup.policy", 2, "compact")])]  # APPEND
+            (result,) = pinned(
+                IncrementalAlterConfigsRequest, v, resources=resources, validate_only=False
+            ).responses
+            assert result.error_code == OK, v
+        for v in range(1, 5):
+            (result,) = pinned(
+                DescribeConfigsRequest,
+                v,
+                resources=[(2, "v2", ["retention.ms", "cleanup.policy"])],
+                include_synonyms=True,
+                include_documentation=True,
+            ).results
+            values = {c.name: (c.value, c.config_source) for c in result.configs}
+            assert values == {
+                "retention.ms": ("2000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+                "cleanup.policy": ("delete,compact", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+            }, v
+        for v in range(1, 6):
+            names = [f"v{v + 1}", "v-none"]
+            responses = pinned(
+                DeleteTopicsRequest, v, topic_names=names, timeout_ms=10000
+            ).responses
+            assert [(r.name, r.error_code) for r in responses] == [
+                (f"v{v + 1}", OK),
+                ("v-none", KafkaError.UNKNOWN_TOPIC_OR_PART),
+            ], v
+        (result,) = pinned(
+            DeleteTopicsRequest, 6, topics=[("v7", None)], timeout_ms=10000
+        ).responses
+        assert (result.name, result.error_code) == ("v7", OK)
+    finally:
+        kp.close()
+    assert not any(name.startswith("v") for name in partition_counts(admin(broker)))
 
 
 # -- two agents ---------------------------------------------------------------------------
