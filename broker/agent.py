@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 TOPIC_CACHE_SECONDS = 1.0
 WATERMARK_POLL_SECONDS = 0.05
 LIVE_AGENTS_SECONDS = 0.5
+TRANSACTION_CHECK_SECONDS = 1.0
 
 
 def now_ms() -> int:
@@ -133,6 +134,19 @@ class Agent:
                     self._watermarks[key] = hwm
                     self.notifier.notify(key)
 
+    async def transaction_timeout_loop(self) -> None:
+        """Abort the transactions this agent coordinates once they outlive their timeout."""
+        from broker.transactions import abort_expired
+
+        while True:
+            await anyio.sleep(TRANSACTION_CHECK_SECONDS)
+            try:
+                await abort_expired(
+                    self, lambda tid: self.coordinator_for(tid).node_id == self.node_id
+                )
+            except Exception:
+                logger.exception("transaction timeout check failed")
+
     async def aclose(self) -> None:
         await self.store.aclose()
         await self.kv.aclose()
@@ -188,6 +202,11 @@ class Agent:
                 )
             ]
         return self.live
+
+    def coordinator_for(self, key: str) -> AgentInfo:
+        """The agent that coordinates a group or transactional id: a hash over live agents."""
+        agents = self.live_agents()
+        return agents[zlib.crc32(key.encode()) % len(agents)]
 
     def leader_for(self, topic_id: bytes, partition: int) -> int:
         """Every agent accepts every partition; clients still want one leader each."""

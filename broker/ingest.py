@@ -168,6 +168,7 @@ class IngestPipeline:
                         producer_id=view.producer_id,
                         producer_epoch=view.producer_epoch,
                         base_sequence=view.base_sequence,
+                        transactional=view.is_transactional,
                     )
                 )
         now_ms = int(self._clock() * 1000)

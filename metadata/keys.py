@@ -16,12 +16,33 @@ too unless noted.
   (CHUNK, topic_id, partition, last_offset)        (object key, start, length, base_offset,
                                                     batch count, max_timestamp)
   (PRODUCER, producer_id)                          (epoch, transactional id or None)
-  (PRODUCER_STATE, producer_id, topic_id, part.)   (epoch, ((first_seq, last_seq,
+  (PRODUCER_STATE, topic_id, partition, prod. id) (epoch, ((first_seq, last_seq,
                                                     base_offset), ...)) last five batches
   (OBJECT, key)                                    (size, live chunk count, created_ms)
+  (GROUP, group_id)                                (protocol_type or None, protocol_name or
+                                                    None, generation, leader or None, state,
+                                                    state_timestamp_ms, revision)
+  (GROUP_MEMBER, group_id, member_id)              (group_instance_id, client_id, client_host,
+                                                    rebalance_timeout_ms, session_timeout_ms,
+                                                    ((protocol name, metadata), ...), assignment)
+  (GROUP_OFFSET, group_id, topic name, partition)  (offset, leader_epoch, metadata,
+                                                    commit_timestamp_ms, expire_timestamp_ms or
+                                                    None, topic_id)
+  (TXN, transactional_id)                          (producer_id, epoch, state, timeout_ms,
+                                                    started_ms, updated_ms,
+                                                    ((topic_id, partition), ...), (group, ...))
+  (TXN_OPEN, topic_id, partition, producer_id)     (first_offset,) of an open transaction
+  (ABORTED, topic_id, partition, marker_offset)    (producer_id, first_offset)
+  (TXN_OFFSET, transactional_id, group, topic, p)  (offset, leader_epoch, metadata) pending
+                                                    until the transaction commits
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
+
+Consumer groups (tags 20-29, see metadata/groups.py): a group's `revision` grows by one with
+every write of the group, so a coordinator that read revision r can tell that another
+agent wrote the group since. A committed offset remembers the id of the topic it was
+committed for: once the topic is deleted (and perhaps created again) the offset is ignored.
 """
 
 from __future__ import annotations
@@ -41,6 +62,14 @@ CHUNK = 8
 PRODUCER = 9
 PRODUCER_STATE = 10
 OBJECT = 11
+# 20-29: consumer groups
+GROUP = 20
+GROUP_MEMBER = 21
+GROUP_OFFSET = 22
+TXN = 30
+TXN_OPEN = 31
+ABORTED = 32
+TXN_OFFSET = 33
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:

@@ -16,8 +16,12 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from metadata import keys, producers
+from metadata import keys, producers, txns
 from metadata.kv import ReadTransaction, Transaction
+
+NOT_CONTROL = -1
+ABORT_MARKER = 0
+COMMIT_MARKER = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,8 @@ class PendingBatch:
     producer_id: int
     producer_epoch: int
     base_sequence: int
+    transactional: bool = False
+    control: int = NOT_CONTROL  # a transaction marker: ABORT_MARKER or COMMIT_MARKER
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +138,30 @@ def _write_run(
     return 1
 
 
+def _check_in_transaction(
+    tr: Transaction,
+    sub: keys.Subspace,
+    producer: producers.ProducerIdentity | None,
+    cache: dict[str, txns.Txn | None],
+    topic_id: bytes,
+    partition: int,
+) -> producers.SequenceCheck:
+    """A transactional batch needs an ongoing transaction that holds its partition."""
+    if producer is None or producer.transactional_id is None:
+        return producers.SequenceCheck(ErrorCode.invalid_txn_state)
+    tid = producer.transactional_id
+    if tid not in cache:
+        cache[tid] = txns.get_txn(tr, sub, tid)
+    txn = cache[tid]
+    if (
+        txn is None
+        or txn.state != txns.TxnState.ONGOING
+        or (topic_id, partition) not in txn.partitions
+    ):
+        return producers.SequenceCheck(ErrorCode.invalid_txn_state)
+    return producers.SequenceCheck()
+
+
 def commit_ingest(
     tr: Transaction,
     sub: keys.Subspace,
@@ -151,6 +181,7 @@ def commit_ingest(
 
     live_chunks = 0
     registered_cache: dict[int, producers.ProducerIdentity | None] = {}
+    txn_cache: dict[str, txns.Txn | None] = {}
     for (topic_id, partition), indexes in by_partition.items():
         state = get_partition(tr, sub, topic_id, partition)
         if state is None:  # deleted (or shrunk) while the object was uploading
@@ -160,10 +191,17 @@ def commit_ingest(
         hwm = state.high_watermark
         run: list[PendingBatch] = []
         producer_states: dict[int, producers.PartitionProducerState | None] = {}
+        open_txns: dict[int, int | None] = {}
         for i in indexes:
             batch = batches[i]
-            if batch.producer_id >= 0:
-                pid = batch.producer_id
+            pid = batch.producer_id
+            if batch.control != NOT_CONTROL:
+                # A marker written by the transaction coordinator: no sequence checks.
+                txns.close_open(
+                    tr, sub, topic_id, partition, pid, hwm, batch.control == ABORT_MARKER
+                )
+                open_txns[pid] = None
+            elif pid >= 0:
                 if pid not in registered_cache:
                     registered_cache[pid] = producers.get_producer(tr, sub, pid)
                 if pid not in producer_states:
@@ -178,6 +216,14 @@ def commit_ingest(
                     batch.base_sequence,
                     last_seq,
                 )
+                if (
+                    check.error == ErrorCode.none
+                    and check.duplicate_of is None
+                    and batch.transactional
+                ):
+                    check = _check_in_transaction(
+                        tr, sub, registered_cache[pid], txn_cache, topic_id, partition
+                    )
                 if check.error != ErrorCode.none or check.duplicate_of is not None:
                     live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
                     run = []
@@ -190,6 +236,12 @@ def commit_ingest(
                 producer_states[pid] = producers.record_append(
                     producer_states[pid], batch.producer_epoch, batch.base_sequence, last_seq, hwm
                 )
+                if batch.transactional:
+                    if pid not in open_txns:
+                        open_txns[pid] = txns.open_first_offset(tr, sub, topic_id, partition, pid)
+                    if open_txns[pid] is None:
+                        txns.mark_open(tr, sub, topic_id, partition, pid, hwm)
+                        open_txns[pid] = hwm
             if run and run[-1].start + run[-1].length != batch.start:
                 live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
                 run = []

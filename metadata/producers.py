@@ -61,7 +61,7 @@ def put_producer(tr: Transaction, sub: keys.Subspace, producer: ProducerIdentity
 def load_partition_state(
     tr: ReadTransaction, sub: keys.Subspace, producer_id: int, topic_id: bytes, partition: int
 ) -> PartitionProducerState | None:
-    raw = tr.get(sub.key(keys.PRODUCER_STATE, producer_id, topic_id, partition))
+    raw = tr.get(sub.key(keys.PRODUCER_STATE, topic_id, partition, producer_id))
     if raw is None:
         return None
     epoch, batches = keys.unpack_value(raw)
@@ -77,7 +77,7 @@ def store_partition_state(
     state: PartitionProducerState,
 ) -> None:
     tr.set(
-        sub.key(keys.PRODUCER_STATE, producer_id, topic_id, partition),
+        sub.key(keys.PRODUCER_STATE, topic_id, partition, producer_id),
         keys.pack_value((state.epoch, tuple(state.batches[-MAX_CACHED_BATCHES:]))),
     )
 
@@ -134,3 +134,18 @@ def record_append(
     state.batches.append((first_seq, last_seq, base_offset))
     del state.batches[:-MAX_CACHED_BATCHES]
     return state
+
+
+def partition_producers(
+    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int
+) -> list[tuple[int, PartitionProducerState]]:
+    """Every producer with sequence state on the partition."""
+    begin, end = sub.range(keys.PRODUCER_STATE, topic_id, partition)
+    out = []
+    for key, value in tr.get_range(begin, end):
+        producer_id = int(sub.unpack(key)[3])
+        epoch, batches = keys.unpack_value(value)
+        out.append(
+            (producer_id, PartitionProducerState(int(epoch), [(int(f), int(la), int(b)) for f, la, b in batches]))
+        )
+    return out

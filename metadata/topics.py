@@ -93,7 +93,14 @@ def delete_topic(tr: Transaction, sub: keys.Subspace, name: str) -> bytes:
         )
     tr.clear(sub.key(keys.TOPIC_NAME, name))
     tr.clear(sub.key(keys.TOPIC, topic_id))
-    for tag in (keys.TOPIC_CONFIG, keys.PARTITION, keys.CHUNK):
+    for tag in (
+        keys.TOPIC_CONFIG,
+        keys.PARTITION,
+        keys.CHUNK,
+        keys.PRODUCER_STATE,
+        keys.TXN_OPEN,
+        keys.ABORTED,
+    ):
         tr.clear_range(*sub.range(tag, topic_id))
     return topic_id
 

@@ -43,6 +43,7 @@ _MODULES = (
     "topics_admin",
     "configs",
     "cluster",
+    "txn",
 )
 
 

@@ -18,6 +18,7 @@ from broker.entities import build, ms
 from broker.handlers import api, response_class
 from metadata import log as log_layer
 from metadata import topics as topics_layer
+from metadata import txns
 from protocol.records import iter_batches, rebase_batches
 
 API_KEY = 1
@@ -34,28 +35,46 @@ class _Wanted:
     topic: topics_layer.Topic | None
     error: ErrorCode = ErrorCode.none
     high_watermark: int = -1
+    last_stable_offset: int = -1
     log_start_offset: int = -1
+    aborted: list[tuple[int, int]] = field(default_factory=list)
     records: bytes = b""
     entries: list[log_layer.ChunkEntry] = field(default_factory=list)
 
 
-def _read_partitions(agent: Any, wanted: list[_Wanted]) -> Any:
-    def txn(tr: Any) -> list[tuple[log_layer.PartitionState | None, list[log_layer.ChunkEntry]]]:
+@dataclass(frozen=True, slots=True)
+class _Read:
+    state: log_layer.PartitionState | None
+    last_stable_offset: int
+    entries: list[log_layer.ChunkEntry]
+    aborted: list[tuple[int, int]]
+
+
+def _read_partitions(agent: Any, wanted: list[_Wanted], read_committed: bool) -> Any:
+    def txn(tr: Any) -> list[_Read]:
         out = []
         for w in wanted:
             if w.topic is None:
-                out.append((None, []))
+                out.append(_Read(None, -1, [], []))
                 continue
-            state = log_layer.get_partition(tr, agent.sub, w.topic.topic_id, w.partition)
+            tid = w.topic.topic_id
+            state = log_layer.get_partition(tr, agent.sub, tid, w.partition)
+            if state is None:
+                out.append(_Read(None, -1, [], []))
+                continue
+            lso = txns.last_stable_offset(tr, agent.sub, tid, w.partition, state.high_watermark)
+            end = lso if read_committed else state.high_watermark
             entries: list[log_layer.ChunkEntry] = []
-            if (
-                state is not None
-                and state.log_start_offset <= w.fetch_offset < state.high_watermark
-            ):
+            aborted: list[tuple[int, int]] = []
+            if state.log_start_offset <= w.fetch_offset < end:
                 entries = log_layer.read_chunks(
-                    tr, agent.sub, w.topic.topic_id, w.partition, w.fetch_offset, ENTRIES_PER_READ
+                    tr, agent.sub, tid, w.partition, w.fetch_offset, ENTRIES_PER_READ
                 )
-            out.append((state, entries))
+                if read_committed:
+                    aborted = txns.aborted_between(
+                        tr, agent.sub, tid, w.partition, w.fetch_offset, end
+                    )
+            out.append(_Read(state, lso, entries, aborted))
         return out
 
     return txn
@@ -64,6 +83,7 @@ def _read_partitions(agent: Any, wanted: list[_Wanted]) -> Any:
 def _select(
     entries_data: list[tuple[log_layer.ChunkEntry, bytes]],
     fetch_offset: int,
+    end_offset: int,
     budget: int,
     must_take_one: bool,
 ) -> tuple[bytes, int]:
@@ -79,6 +99,9 @@ def _select(
             next_offset += view.last_offset_delta + 1
             if next_offset <= fetch_offset:
                 continue
+            if batch_first >= end_offset:  # read_committed: not past the last stable offset
+                full = True
+                break
             if used + view.size > budget and not (must_take_one and used == 0):
                 full = True
                 break
@@ -140,17 +163,21 @@ async def handle(request: Any, ctx: Any) -> Any:
     min_bytes = max(int(request.min_bytes), 0)
     max_bytes = int(getattr(request, "max_bytes", 2**31 - 1))
     deadline = anyio.current_time() + max_wait
+    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     while True:
-        states = await agent.kv.read(_read_partitions(agent, wanted))
+        states = await agent.kv.read(_read_partitions(agent, wanted, read_committed))
         reads: list[tuple[str, int, int]] = []
-        for w, (state, entries) in zip(wanted, states, strict=True):
+        for w, read in zip(wanted, states, strict=True):
             if w.topic is None:
                 continue
+            state, entries = read.state, read.entries
             if state is None:
                 w.error = ErrorCode.unknown_topic_or_partition
                 continue
             w.high_watermark = state.high_watermark
+            w.last_stable_offset = read.last_stable_offset
             w.log_start_offset = state.log_start_offset
+            w.aborted = read.aborted
             if not state.log_start_offset <= w.fetch_offset <= state.high_watermark:
                 w.error = ErrorCode.offset_out_of_range
             w.entries = entries
@@ -167,8 +194,9 @@ async def handle(request: Any, ctx: Any) -> Any:
                 entries_data.append((e, blobs[i]))
                 i += 1
             budget = max(0, min(w.partition_max_bytes, max_bytes - total))
+            end = w.last_stable_offset if read_committed else w.high_watermark
             w.records, used = _select(
-                entries_data, w.fetch_offset, budget, must_take_one=total == 0
+                entries_data, w.fetch_offset, end, budget, must_take_one=total == 0
             )
             total += used
         remaining = deadline - anyio.current_time()
@@ -179,7 +207,6 @@ async def handle(request: Any, ctx: Any) -> Any:
         with anyio.move_on_after(remaining):
             await agent.notifier.wait_any(keys)
 
-    read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     responses = []
     for ref, parts in topic_order:
         responses.append(
@@ -191,9 +218,16 @@ async def handle(request: Any, ctx: Any) -> Any:
                         "partition_index": w.partition,
                         "error_code": w.error,
                         "high_watermark": w.high_watermark,
-                        "last_stable_offset": w.high_watermark,
+                        "last_stable_offset": w.last_stable_offset,
                         "log_start_offset": w.log_start_offset,
-                        "aborted_transactions": [] if read_committed else None,
+                        "aborted_transactions": (
+                            [
+                                {"producer_id": pid, "first_offset": first}
+                                for pid, first in w.aborted
+                            ]
+                            if read_committed
+                            else None
+                        ),
                         "preferred_read_replica": -1,
                         "records": w.records if w.error == ErrorCode.none else b"",
                     }

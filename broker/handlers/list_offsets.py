@@ -10,6 +10,7 @@ from broker.entities import build
 from broker.handlers import api, response_class
 from broker.offsets import offset_for_timestamp, offset_of_max_timestamp
 from metadata import log as log_layer
+from metadata import txns
 
 API_KEY = 2
 LATEST = -1
@@ -20,7 +21,9 @@ LATEST_TIERED = -5
 LEADER_EPOCH = 0
 
 
-async def _answer(agent: Any, topic: Any, partition: int, timestamp: int) -> dict[str, Any]:
+async def _answer(
+    agent: Any, topic: Any, partition: int, timestamp: int, read_committed: bool
+) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "partition_index": partition,
         "error_code": ErrorCode.none,
@@ -32,14 +35,22 @@ async def _answer(agent: Any, topic: Any, partition: int, timestamp: int) -> dic
     if topic is None or not 0 <= partition < topic.partitions:
         answer["error_code"] = ErrorCode.unknown_topic_or_partition
         return answer
-    state = await agent.kv.read(
-        lambda tr: log_layer.get_partition(tr, agent.sub, topic.topic_id, partition)
-    )
+
+    def read(tr: Any) -> tuple[log_layer.PartitionState | None, int]:
+        state = log_layer.get_partition(tr, agent.sub, topic.topic_id, partition)
+        if state is None:
+            return None, -1
+        lso = txns.last_stable_offset(
+            tr, agent.sub, topic.topic_id, partition, state.high_watermark
+        )
+        return state, lso
+
+    state, lso = await agent.kv.read(read)
     if state is None:
         answer["error_code"] = ErrorCode.unknown_topic_or_partition
         return answer
     if timestamp == LATEST:
-        offset, ts = state.high_watermark, -1
+        offset, ts = (lso if read_committed else state.high_watermark), -1
     elif timestamp in (EARLIEST, EARLIEST_LOCAL):
         offset, ts = state.log_start_offset, -1
     elif timestamp == LATEST_TIERED:
@@ -62,9 +73,13 @@ async def _answer(agent: Any, topic: Any, partition: int, timestamp: int) -> dic
 @api(API_KEY, 1, 8)
 async def handle(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
+    read_committed = getattr(request, "isolation_level", 0) == 1
     topics_out = []
     for t in request.topics:
         topic = await agent.topic(t.name)
-        parts = [await _answer(agent, topic, p.partition_index, p.timestamp) for p in t.partitions]
+        parts = [
+            await _answer(agent, topic, p.partition_index, p.timestamp, read_committed)
+            for p in t.partitions
+        ]
         topics_out.append({"name": t.name, "partitions": parts})
     return build(response_class(request), {"throttle_time": 0, "topics": topics_out})

@@ -63,10 +63,9 @@ async def handle(request: Any, ctx: Any) -> Any:
             max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
             try:
                 view = validate_produce_records(records, ctx.api_version, max_bytes)
-                if view.is_transactional or request.transactional_id is not None:
+                if view.is_transactional and view.producer_id < 0:
                     raise RecordBatchError(
-                        ErrorCode.invalid_txn_state,
-                        "The producer attempted a transactional operation in an invalid state",
+                        ErrorCode.invalid_record, "A transactional batch needs a producer id"
                     )
             except RecordBatchError as exc:
                 answers[key] = _partition_answer(

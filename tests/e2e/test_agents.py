@@ -7,7 +7,8 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTP
 
 
 def produce_direct(port: int, topic: str, prefix: bytes, count: int) -> list[int]:

@@ -1,0 +1,254 @@
+"""Transaction APIs: AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, DescribeTransactions,
+ListTransactions, DescribeProducers. (InitProducerId is in init_producer_id.py, TxnOffsetCommit
+with the group APIs.)
+
+Transaction state lives in the metadata store, so any agent can serve these requests
+correctly; FindCoordinator still names one agent per transactional id, and that agent
+also aborts the id's transactions that outlive their timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from broker.agent import now_ms
+from broker.entities import build
+from broker.handlers import api, response_class
+from broker.transactions import end_transaction
+from metadata import producers, topics, txns
+from metadata.errors import MetadataError
+
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
+
+
+@api(ADD_PARTITIONS_TO_TXN, 0, 3)
+async def add_partitions_to_txn(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    wanted: list[tuple[str, int]] = [(t.name, p) for t in request.topics for p in t.partitions]
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    resolved: list[tuple[bytes, int]] = []
+    for name, p in wanted:
+        topic = await agent.topic(name)
+        if topic is None or not 0 <= p < topic.partitions:
+            errors[(name, p)] = ErrorCode.unknown_topic_or_partition
+        else:
+            resolved.append((topic.topic_id, p))
+    if errors:
+        # Kafka adds nothing when one partition is bad: the others get OPERATION_NOT_ATTEMPTED.
+        for key in wanted:
+            errors.setdefault(key, ErrorCode.operation_not_attempted)
+    else:
+        now = now_ms()
+        try:
+            await agent.kv.transact(
+                lambda tr: txns.add_partitions(
+                    tr,
+                    agent.sub,
+                    request.transactional_id,
+                    request.producer_id,
+                    request.producer_epoch,
+                    resolved,
+                    now,
+                )
+            )
+            code = ErrorCode.none
+        except MetadataError as exc:
+            code = _for_version(exc.error_code, ctx.api_version)
+        errors = {key: code for key in wanted}
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for name, p in wanted:
+        by_topic.setdefault(name, []).append(
+            {"partition_index": p, "partition_error_code": errors[(name, p)]}
+        )
+    return build(
+        response_class(request),
+        {
+            "throttle_time": 0,
+            "results_by_topic_v3_and_below": [
+                {"name": name, "results_by_partition": parts} for name, parts in by_topic.items()
+            ],
+            "results": [
+                {"name": name, "results_by_partition": parts} for name, parts in by_topic.items()
+            ],
+        },
+    )
+
+
+def _for_version(code: ErrorCode, version: int) -> ErrorCode:
+    """PRODUCER_FENCED is new in these APIs' v2 (KIP-588); older clients know the other."""
+    if code == ErrorCode.producer_fenced and version < 2:
+        return ErrorCode.invalid_producer_epoch
+    return code
+
+
+@api(ADD_OFFSETS_TO_TXN, 0, 3)
+async def add_offsets_to_txn(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    now = now_ms()
+    try:
+        await agent.kv.transact(
+            lambda tr: txns.add_group(
+                tr,
+                agent.sub,
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.group_id,
+                now,
+            )
+        )
+        code = ErrorCode.none
+    except MetadataError as exc:
+        code = _for_version(exc.error_code, ctx.api_version)
+    return build(response_class(request), {"throttle_time": 0, "error_code": code})
+
+
+@api(END_TXN, 0, 3)
+async def end_txn(request: Any, ctx: Any) -> Any:
+    try:
+        await end_transaction(
+            ctx.agent,
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            bool(request.committed),
+        )
+        code = ErrorCode.none
+    except MetadataError as exc:
+        code = _for_version(exc.error_code, ctx.api_version)
+    return build(response_class(request), {"throttle_time": 0, "error_code": code})
+
+
+async def _topic_names(
+    agent: Any, partitions: tuple[tuple[bytes, int], ...]
+) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for topic_id, p in partitions:
+        topic = await agent.topic_by_id(topic_id)
+        if topic is not None:
+            out.setdefault(topic.name, []).append(p)
+    return out
+
+
+@api(DESCRIBE_TRANSACTIONS, 0, 0)
+async def describe_transactions(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    states = []
+    for tid in request.transactional_ids:
+        txn = await agent.kv.read(lambda tr, tid=tid: txns.get_txn(tr, agent.sub, tid))
+        if txn is None:
+            states.append(
+                {
+                    "error_code": ErrorCode.transactional_id_not_found,
+                    "transactional_id": tid,
+                    "transaction_state": "",
+                    "transaction_timeout": 0,
+                    "transaction_start_time": -1,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                    "topics": [],
+                }
+            )
+            continue
+        names = await _topic_names(agent, txn.partitions)
+        states.append(
+            {
+                "error_code": ErrorCode.none,
+                "transactional_id": tid,
+                "transaction_state": txn.state.value,
+                "transaction_timeout": txn.timeout_ms,
+                "transaction_start_time": txn.started_ms,
+                "producer_id": txn.producer_id,
+                "producer_epoch": txn.epoch,
+                "topics": [{"topic": n, "partitions": ps} for n, ps in names.items()],
+            }
+        )
+    return build(response_class(request), {"throttle_time": 0, "transaction_states": states})
+
+
+@api(LIST_TRANSACTIONS, 0, 1)
+async def list_transactions(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    known = {s.value for s in txns.TxnState}
+    state_filters = list(request.state_filters)
+    unknown = [s for s in state_filters if s not in known]
+    pid_filters = set(request.producer_id_filters)
+    duration = int(getattr(request, "duration_filter", -1))
+    now = now_ms()
+    listed = []
+    for txn in await agent.kv.read(lambda tr: txns.list_txns(tr, agent.sub)):
+        if state_filters and txn.state.value not in state_filters:
+            continue
+        if pid_filters and txn.producer_id not in pid_filters:
+            continue
+        if duration >= 0 and (txn.started_ms < 0 or now - txn.started_ms < duration):
+            continue
+        listed.append(
+            {
+                "transactional_id": txn.transactional_id,
+                "producer_id": txn.producer_id,
+                "transaction_state": txn.state.value,
+            }
+        )
+    return build(
+        response_class(request),
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "unknown_state_filters": unknown,
+            "transaction_states": listed,
+        },
+    )
+
+
+@api(DESCRIBE_PRODUCERS, 0, 0)
+async def describe_producers(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    out = []
+    for t in request.topics:
+        topic = await agent.topic(t.name)
+        parts = []
+        for p in t.partition_indexes:
+            if topic is None or not 0 <= p < topic.partitions:
+                parts.append(
+                    {
+                        "partition_index": p,
+                        "error_code": ErrorCode.unknown_topic_or_partition,
+                        "active_producers": [],
+                    }
+                )
+                continue
+            active = await agent.kv.read(
+                lambda tr, topic=topic, p=p: _active_producers(tr, agent.sub, topic, p)
+            )
+            parts.append(
+                {"partition_index": p, "error_code": ErrorCode.none, "active_producers": active}
+            )
+        out.append({"name": t.name, "partitions": parts})
+    return build(response_class(request), {"throttle_time": 0, "topics": out})
+
+
+def _active_producers(
+    tr: Any, sub: Any, topic: topics.Topic, partition: int
+) -> list[dict[str, Any]]:
+    out = []
+    for producer_id, state in producers.partition_producers(tr, sub, topic.topic_id, partition):
+        first_open = txns.open_first_offset(tr, sub, topic.topic_id, partition, producer_id)
+        out.append(
+            {
+                "producer_id": producer_id,
+                "producer_epoch": state.epoch,
+                "last_sequence": state.last_sequence,
+                "last_timestamp": -1,
+                "coordinator_epoch": 0,
+                "current_txn_start_offset": -1 if first_open is None else first_open,
+            }
+        )
+    return out

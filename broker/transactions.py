@@ -1,0 +1,231 @@
+"""The transaction coordinator's actions: init a transactional producer, end a transaction,
+abort transactions that outlived their timeout.
+
+Ending a transaction writes one control batch per partition into one ingest file, then
+commits everything in one metadata transaction (see metadata/txns.py). If the
+transaction changed between reading it and committing (a partition was added, an epoch
+was bumped), the commit is refused inside the transaction and the whole step is retried
+with fresh state; the object written for the refused attempt is garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from broker.agent import Agent, now_ms
+from metadata import cluster, log, producers, txns
+from metadata.errors import MetadataError
+from protocol.records import build_batch, end_txn_marker
+from storage.ingest import encode_ingest_file, new_object_key
+
+logger = logging.getLogger(__name__)
+
+MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000  # transaction.max.timeout.ms
+COORDINATOR_EPOCH = 0
+# How a committed transactional offset becomes a group offset; set by the group layer.
+GROUP_OFFSET_APPLIER: txns.OffsetApplier | None = None
+ATTEMPTS = 10
+
+
+class _Changed(Exception):
+    """The transaction moved on between the read and the commit: start over."""
+
+
+async def end_transaction(
+    agent: Agent,
+    transactional_id: str,
+    producer_id: int,
+    epoch: int,
+    commit: bool,
+    *,
+    bump_epoch: bool = False,
+) -> None:
+    """Commit or abort; raises MetadataError with Kafka's error code."""
+    for _attempt in range(ATTEMPTS):
+        txn = await agent.kv.read(lambda tr: txns.get_txn(tr, agent.sub, transactional_id))
+        txns.check_producer(txn, producer_id, epoch)
+        assert txn is not None
+        if txn.state != txns.TxnState.ONGOING:
+            done = txns.TxnState.COMPLETE_COMMIT if commit else txns.TxnState.COMPLETE_ABORT
+            if txn.state == done and not bump_epoch:
+                return  # a retried EndTxn of a transaction already ended this way
+            raise MetadataError(
+                ErrorCode.invalid_txn_state,
+                f"EndTxn({'commit' if commit else 'abort'}) in state {txn.state.value}",
+            )
+        try:
+            touched = await _write_markers(agent, txn, commit, bump_epoch)
+        except _Changed:
+            continue
+        for key in touched:
+            agent.notifier.notify(key)
+        return
+    raise MetadataError(ErrorCode.concurrent_transactions)
+
+
+async def _write_markers(
+    agent: Agent, txn: txns.Txn, commit: bool, bump_epoch: bool
+) -> list[tuple[bytes, int]]:
+    now = now_ms()
+    key, value = end_txn_marker(commit, COORDINATOR_EPOCH)
+    marker = build_batch(
+        [(key, value, [], now)],
+        control=True,
+        transactional=True,
+        producer_id=txn.producer_id,
+        producer_epoch=txn.epoch,
+    )
+    partitions = list(txn.partitions)
+    object_key = ""
+    pending: list[log.PendingBatch] = []
+    size = 0
+    if partitions:
+        data, locations = encode_ingest_file([(tid, p, [marker]) for tid, p in partitions])
+        object_key = new_object_key()
+        await agent.store.put(object_key, data, if_absent=True)
+        agent.cache.put(object_key, data)
+        size = len(data)
+        for (tid, p), location in zip(partitions, locations, strict=True):
+            pending.append(
+                log.PendingBatch(
+                    topic_id=tid,
+                    partition=p,
+                    start=location.start,
+                    length=location.length,
+                    last_offset_delta=0,
+                    max_timestamp=now,
+                    producer_id=txn.producer_id,
+                    producer_epoch=txn.epoch,
+                    base_sequence=-1,
+                    transactional=True,
+                    control=log.COMMIT_MARKER if commit else log.ABORT_MARKER,
+                )
+            )
+
+    def commit_txn(tr: Any) -> None:
+        current = txns.get_txn(tr, agent.sub, txn.transactional_id)
+        if current != txn:
+            raise _Changed()
+        if pending:
+            log.commit_ingest(tr, agent.sub, object_key, size, now, pending)
+        txns.settle_offsets(tr, agent.sub, txn, commit, now, GROUP_OFFSET_APPLIER)
+        epoch = txn.epoch
+        if bump_epoch:
+            epoch = txn.epoch + 1
+            producers.put_producer(
+                tr,
+                agent.sub,
+                producers.ProducerIdentity(txn.producer_id, epoch, txn.transactional_id),
+            )
+        txns.put_txn(
+            tr,
+            agent.sub,
+            replace(
+                txn,
+                epoch=epoch,
+                state=txns.TxnState.COMPLETE_COMMIT if commit else txns.TxnState.COMPLETE_ABORT,
+                started_ms=-1,
+                updated_ms=now,
+                partitions=(),
+                groups=(),
+            ),
+        )
+
+    await agent.kv.transact(commit_txn)
+    return partitions
+
+
+async def init_transactional_producer(
+    agent: Agent,
+    transactional_id: str,
+    timeout_ms: int,
+    expected_producer_id: int = -1,
+    expected_epoch: int = -1,
+) -> tuple[int, int]:
+    """InitProducerId with a transactional id: fence the previous producer and abort its
+    open transaction; returns (producer id, epoch)."""
+    if not 0 < timeout_ms <= MAX_TRANSACTION_TIMEOUT_MS:
+        raise MetadataError(
+            ErrorCode.invalid_transaction_timeout,
+            "The transaction timeout is larger than the maximum value allowed by the broker "
+            "(as configured by transaction.max.timeout.ms).",
+        )
+    for _attempt in range(ATTEMPTS):
+        txn = await agent.kv.read(lambda tr: txns.get_txn(tr, agent.sub, transactional_id))
+        if txn is not None and expected_producer_id >= 0:
+            # KIP-360: a producer re-initialising itself must still be the current one.
+            if (txn.producer_id, txn.epoch) != (expected_producer_id, expected_epoch):
+                if txn.producer_id != expected_producer_id or expected_epoch < txn.epoch:
+                    raise MetadataError(ErrorCode.producer_fenced)
+        if txn is not None and txn.state == txns.TxnState.ONGOING:
+            try:
+                await end_transaction(
+                    agent, transactional_id, txn.producer_id, txn.epoch, False, bump_epoch=True
+                )
+            except MetadataError as exc:
+                logger.info("abort before re-init of %r: %s", transactional_id, exc)
+            continue
+
+        def init(tr: Any, seen: txns.Txn | None = txn, now: int = now_ms()) -> tuple[int, int]:
+            current = txns.get_txn(tr, agent.sub, transactional_id)
+            if current != seen:
+                raise _Changed()
+            if current is None or current.epoch + 1 > txns.MAX_EPOCH:
+                producer_id, epoch = cluster.allocate_producer_id(tr, agent.sub), 0
+            else:
+                producer_id, epoch = current.producer_id, current.epoch + 1
+            producers.put_producer(
+                tr, agent.sub, producers.ProducerIdentity(producer_id, epoch, transactional_id)
+            )
+            txns.put_txn(
+                tr,
+                agent.sub,
+                txns.Txn(
+                    transactional_id,
+                    producer_id,
+                    epoch,
+                    txns.TxnState.EMPTY,
+                    timeout_ms,
+                    -1,
+                    now,
+                    (),
+                    (),
+                ),
+            )
+            return producer_id, epoch
+
+        try:
+            result: tuple[int, int] = await agent.kv.transact(init)
+            return result
+        except _Changed:
+            continue
+    raise MetadataError(ErrorCode.concurrent_transactions)
+
+
+async def abort_expired(agent: Agent, is_mine: Any) -> int:
+    """Abort (and fence) every ongoing transaction past its timeout that this agent
+    coordinates; returns how many were aborted."""
+    now = now_ms()
+    expired = [
+        t
+        for t in await agent.kv.read(lambda tr: txns.list_txns(tr, agent.sub))
+        if t.state == txns.TxnState.ONGOING
+        and t.started_ms >= 0
+        and t.started_ms + t.timeout_ms < now
+        and is_mine(t.transactional_id)
+    ]
+    aborted = 0
+    for t in expired:
+        try:
+            await end_transaction(
+                agent, t.transactional_id, t.producer_id, t.epoch, False, bump_epoch=True
+            )
+            aborted += 1
+            logger.info("aborted transaction of %r after its timeout", t.transactional_id)
+        except MetadataError as exc:
+            logger.info("timeout abort of %r skipped: %s", t.transactional_id, exc)
+    return aborted
