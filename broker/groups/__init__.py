@@ -1,0 +1,5 @@
+"""The group coordinator: classic consumer groups, their timers and their durable state."""
+
+from broker.groups.coordinator import GroupCoordinator, GroupSettings
+
+__all__ = ["GroupCoordinator", "GroupSettings"]
