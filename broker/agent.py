@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import anyio
 
 from broker.config import BrokerConfig
+from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
 from broker.sync import Notifier
 from metadata import cluster, keys, log, topics
@@ -66,6 +67,7 @@ class Agent:
         self._live_read_at = 0.0
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
+        self.groups = GroupCoordinator.for_agent(self)
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Agent:

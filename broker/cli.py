@@ -68,6 +68,37 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "largest request accepted (socket.request.max.bytes)",
     ),
     ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
+    ("lease-ms", int, 10_000, "agent lease: how soon the others see this agent gone"),
+    (
+        "group-min-session-timeout-ms",
+        int,
+        6_000,
+        "shortest consumer session timeout accepted (group.min.session.timeout.ms)",
+    ),
+    (
+        "group-max-session-timeout-ms",
+        int,
+        1_800_000,
+        "longest consumer session timeout accepted (group.max.session.timeout.ms)",
+    ),
+    (
+        "group-initial-rebalance-delay-ms",
+        int,
+        3_000,
+        "wait for more members before a new group's first rebalance",
+    ),
+    (
+        "offsets-retention-minutes",
+        float,
+        7 * 24 * 60,
+        "keep an empty group's committed offsets this long (offsets.retention.minutes)",
+    ),
+    (
+        "offsets-retention-check-interval-ms",
+        int,
+        600_000,
+        "how often committed offsets are checked for expiry",
+    ),
     ("log-level", str, "INFO", "logging level"),
 ]
 
@@ -103,6 +134,12 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         default_partitions=args.default_partitions,
         max_frame_bytes=args.max_frame_bytes,
         cache_bytes=args.cache_bytes,
+        lease_ms=args.lease_ms,
+        group_min_session_timeout_ms=args.group_min_session_timeout_ms,
+        group_max_session_timeout_ms=args.group_max_session_timeout_ms,
+        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        offsets_retention_minutes=args.offsets_retention_minutes,
+        offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
     )
 
 

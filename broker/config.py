@@ -40,6 +40,12 @@ class BrokerConfig:
     max_frame_bytes: int = 100 * 1024 * 1024
     cache_bytes: int = 256 * 1024 * 1024
     lease_ms: int = 10_000
+    # Consumer groups (Apache Kafka's group coordinator settings and defaults).
+    group_min_session_timeout_ms: int = 6_000
+    group_max_session_timeout_ms: int = 1_800_000
+    group_initial_rebalance_delay_ms: int = 3_000
+    offsets_retention_minutes: float = 7 * 24 * 60
+    offsets_retention_check_interval_ms: int = 600_000
     topic_defaults: dict[str, str] = field(default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS))
 
     @property

@@ -171,6 +171,7 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
             tg.start_soon(agent.lease_loop)
             tg.start_soon(agent.watermark_loop)
             tg.start_soon(agent.transaction_timeout_loop)
+            tg.start_soon(agent.groups.run)
             tg.start_soon(_stop_on_signals, tg.cancel_scope)
 
             async def serve_client(stream: anyio.abc.SocketStream) -> None:

@@ -44,6 +44,17 @@ _MODULES = (
     "configs",
     "cluster",
     "txn",
+    "find_coordinator",
+    "join_group",
+    "sync_group",
+    "heartbeat",
+    "leave_group",
+    "offset_commit",
+    "offset_fetch",
+    "list_groups",
+    "describe_groups",
+    "delete_groups",
+    "offset_delete",
 )
 
 

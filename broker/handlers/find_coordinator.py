@@ -1,0 +1,59 @@
+"""FindCoordinator: the agent that coordinates a group (or a transactional id).
+
+The coordinator is a hash of the key over the live agents (`Agent.coordinator_for`),
+re-read for every answer so that clients move quickly when an agent's lease runs out.
+Key type GROUP (0) and TRANSACTION (1) share that placement. SHARE (2) is answered
+INVALID_REQUEST, as Apache Kafka does without a share coordinator; so is any other type.
+v0-v3 ask for one key; v4+ batch several.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from broker.entities import build
+from broker.groups.placement import GROUP, TRANSACTION
+from broker.handlers import api, response_class
+
+API_KEY = 10
+
+
+def _answer(agent: Any, key_type: int, key: str) -> dict[str, Any]:
+    if key_type not in (GROUP, TRANSACTION):
+        return {
+            "key": key,
+            "error_code": ErrorCode.invalid_request,
+            "error_message": f"Coordinator key type {key_type} is not supported",
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+    node = agent.coordinator_for(key)
+    return {
+        "key": key,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "node_id": node.node_id,
+        "host": node.host,
+        "port": node.port,
+    }
+
+
+@api(API_KEY, 0, 6)
+async def handle(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    await agent.refresh_live_agents(max_age=0.0)
+    key_type = int(getattr(request, "key_type", GROUP))
+    if ctx.api_version >= 4:
+        return build(
+            response_class(request),
+            {
+                "throttle_time": 0,
+                "coordinators": [_answer(agent, key_type, k) for k in request.coordinator_keys],
+            },
+        )
+    answer = _answer(agent, key_type, request.key)
+    answer["throttle_time"] = 0
+    return build(response_class(request), answer)

@@ -1,0 +1,21 @@
+"""Heartbeat (v0-v4): keeps a member's session; tells it when the group rebalances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.entities import build
+from broker.handlers import api, response_class
+
+API_KEY = 12
+
+
+@api(API_KEY, 0, 4)
+async def handle(request: Any, ctx: Any) -> Any:
+    error = await ctx.agent.groups.heartbeat(
+        request.group_id,
+        request.generation_id,
+        request.member_id,
+        getattr(request, "group_instance_id", None),
+    )
+    return build(response_class(request), {"throttle_time": 0, "error_code": error})

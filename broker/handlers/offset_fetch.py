@@ -1,0 +1,93 @@
+"""OffsetFetch (v1-v9): a group's committed offsets, of some partitions or (v2+) of all.
+
+v8+ ask for several groups at once. A partition without a committed offset answers -1.
+v1 has no group-level error: it goes on every partition. require_stable (v7+) needs no
+waiting here: transactional offsets are kept apart until their transaction commits.
+v9's member id and epoch belong to the new consumer protocol and are not checked for
+classic groups, as in Apache Kafka.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from broker.entities import build
+from broker.handlers import api, response_class
+
+API_KEY = 9
+INVALID_OFFSET = -1
+
+
+def _partition(index: int, offset: Any, error: ErrorCode = ErrorCode.none) -> dict[str, Any]:
+    if offset is None:
+        return {
+            "partition_index": index,
+            "committed_offset": INVALID_OFFSET,
+            "committed_leader_epoch": -1,
+            "metadata": "",
+            "error_code": error,
+        }
+    return {
+        "partition_index": index,
+        "committed_offset": offset.offset,
+        "committed_leader_epoch": offset.leader_epoch,
+        "metadata": offset.metadata,
+        "error_code": error,
+    }
+
+
+async def _fetch_group(
+    agent: Any, group_id: str, topics: Any, *, error_on_partitions: bool
+) -> dict[str, Any]:
+    wanted = None if topics is None else [t.name for t in topics]
+    error, offsets = await agent.groups.fetch_offsets(group_id, wanted)
+    if error != ErrorCode.none:
+        if not error_on_partitions or topics is None:
+            return {"group_id": group_id, "error_code": error, "topics": []}
+        return {
+            "group_id": group_id,
+            "error_code": error,
+            "topics": [
+                {
+                    "name": t.name,
+                    "partitions": [_partition(p, None, error) for p in t.partition_indexes],
+                }
+                for t in topics
+            ],
+        }
+    if topics is None:
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            by_topic.setdefault(topic, []).append(_partition(partition, offset))
+        answer = [{"name": t, "partitions": parts} for t, parts in by_topic.items()]
+    else:
+        answer = [
+            {
+                "name": t.name,
+                "partitions": [
+                    _partition(p, offsets.get((t.name, p))) for p in t.partition_indexes
+                ],
+            }
+            for t in topics
+        ]
+    return {"group_id": group_id, "error_code": ErrorCode.none, "topics": answer}
+
+
+@api(API_KEY, 1, 9)
+async def handle(request: Any, ctx: Any) -> Any:
+    agent = ctx.agent
+    if ctx.api_version >= 8:
+        groups = [
+            await _fetch_group(agent, g.group_id, g.topics, error_on_partitions=False)
+            for g in request.groups
+        ]
+        return build(response_class(request), {"throttle_time": 0, "groups": groups})
+    group = await _fetch_group(
+        agent, request.group_id, request.topics, error_on_partitions=ctx.api_version < 2
+    )
+    return build(
+        response_class(request),
+        {"throttle_time": 0, "error_code": group["error_code"], "topics": group["topics"]},
+    )
