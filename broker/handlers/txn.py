@@ -31,7 +31,10 @@ LIST_TRANSACTIONS = 66
 @api(ADD_PARTITIONS_TO_TXN, 0, 3)
 async def add_partitions_to_txn(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
-    wanted: list[tuple[str, int]] = [(t.name, p) for t in request.topics for p in t.partitions]
+    tid = request.v3_and_below_transactional_id
+    producer_id = request.v3_and_below_producer_id
+    epoch = request.v3_and_below_producer_epoch
+    wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
     errors: dict[tuple[str, int], ErrorCode] = {}
     resolved: list[tuple[bytes, int]] = []
     for name, p in wanted:
@@ -49,13 +52,7 @@ async def add_partitions_to_txn(request: Any, ctx: Any) -> Any:
         try:
             await agent.kv.transact(
                 lambda tr: txns.add_partitions(
-                    tr,
-                    agent.sub,
-                    request.transactional_id,
-                    request.producer_id,
-                    request.producer_epoch,
-                    resolved,
-                    now,
+                    tr, agent.sub, tid, producer_id, epoch, resolved, now
                 )
             )
             code = ErrorCode.none
@@ -72,9 +69,6 @@ async def add_partitions_to_txn(request: Any, ctx: Any) -> Any:
         {
             "throttle_time": 0,
             "results_by_topic_v3_and_below": [
-                {"name": name, "results_by_partition": parts} for name, parts in by_topic.items()
-            ],
-            "results": [
                 {"name": name, "results_by_partition": parts} for name, parts in by_topic.items()
             ],
         },
