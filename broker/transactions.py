@@ -17,7 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.agent import Agent, now_ms
-from metadata import cluster, log, producers, txns
+from metadata import cluster, groups, log, producers, topics, txns
 from metadata.errors import MetadataError
 from protocol.records import build_batch, end_txn_marker
 from storage.ingest import encode_ingest_file, new_object_key
@@ -26,8 +26,7 @@ logger = logging.getLogger(__name__)
 
 MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000  # transaction.max.timeout.ms
 COORDINATOR_EPOCH = 0
-# How a committed transactional offset becomes a group offset; set by the group layer.
-GROUP_OFFSET_APPLIER: txns.OffsetApplier | None = None
+
 ATTEMPTS = 10
 
 
@@ -112,7 +111,7 @@ async def _write_markers(
             raise _Changed()
         if pending:
             log.commit_ingest(tr, agent.sub, object_key, size, now, pending)
-        txns.settle_offsets(tr, agent.sub, txn, commit, now, GROUP_OFFSET_APPLIER)
+        txns.settle_offsets(tr, agent.sub, txn, commit, now, _to_group_offset(agent))
         epoch = txn.epoch
         if bump_epoch:
             epoch = txn.epoch + 1
@@ -137,6 +136,39 @@ async def _write_markers(
 
     await agent.kv.transact(commit_txn)
     return partitions
+
+
+def _to_group_offset(agent: Agent) -> txns.OffsetApplier:
+    """How a committed transactional offset becomes the group's committed offset."""
+
+    def apply(
+        tr: Any,
+        group: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        leader_epoch: int,
+        metadata: str | None,
+        now: int,
+    ) -> None:
+        found = topics.get_topic(tr, agent.sub, topic)
+        groups.put_offset(
+            tr,
+            agent.sub,
+            group,
+            topic,
+            partition,
+            groups.CommittedOffset(
+                offset,
+                leader_epoch,
+                metadata or "",
+                now,
+                None,
+                found.topic_id if found is not None else b"",
+            ),
+        )
+
+    return apply
 
 
 async def init_transactional_producer(

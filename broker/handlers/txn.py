@@ -17,12 +17,13 @@ from broker.agent import now_ms
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.transactions import end_transaction
-from metadata import producers, topics, txns
+from metadata import groups, producers, topics, txns
 from metadata.errors import MetadataError
 
 ADD_PARTITIONS_TO_TXN = 24
 ADD_OFFSETS_TO_TXN = 25
 END_TXN = 26
+TXN_OFFSET_COMMIT = 28
 DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
@@ -118,6 +119,71 @@ async def end_txn(request: Any, ctx: Any) -> Any:
     except MetadataError as exc:
         code = _for_version(exc.error_code, ctx.api_version)
     return build(response_class(request), {"throttle_time": 0, "error_code": code})
+
+
+@api(TXN_OFFSET_COMMIT, 0, 3)
+async def txn_offset_commit(request: Any, ctx: Any) -> Any:
+    """Offsets stay pending in the transaction until EndTxn makes them the group's."""
+    agent = ctx.agent
+    tid, group = request.transactional_id, request.group_id
+    generation = int(getattr(request, "generation_id", -1))
+    wanted = [(t.name, p) for t in request.topics for p in t.partitions]
+
+    def txn(tr: Any) -> ErrorCode:
+        current = txns.get_txn(tr, agent.sub, tid)
+        txns.check_producer(current, request.producer_id, request.producer_epoch)
+        assert current is not None
+        if current.state != txns.TxnState.ONGOING or group not in current.groups:
+            return ErrorCode.invalid_txn_state
+        if generation >= 0:
+            stored = groups.get_group(tr, agent.sub, group)
+            if stored is None or stored.generation != generation:
+                return ErrorCode.illegal_generation
+        for name, p in wanted:
+            txns.put_pending_offset(
+                tr,
+                agent.sub,
+                tid,
+                group,
+                name,
+                p.partition_index,
+                p.committed_offset,
+                int(getattr(p, "committed_leader_epoch", -1)),
+                p.committed_metadata,
+            )
+        return ErrorCode.none
+
+    unknown = [
+        (n, p) for n, p in wanted if not await _partition_exists(agent, n, p.partition_index)
+    ]
+    if unknown:
+        codes = {
+            (n, p.partition_index): (
+                ErrorCode.unknown_topic_or_partition if (n, p) in unknown else ErrorCode.none
+            )
+            for n, p in wanted
+        }
+    else:
+        try:
+            code = await agent.kv.transact(txn)
+        except MetadataError as exc:
+            code = _for_version(exc.error_code, ctx.api_version)
+        codes = {(n, p.partition_index): code for n, p in wanted}
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, index), code in codes.items():
+        by_topic.setdefault(name, []).append({"partition_index": index, "error_code": code})
+    return build(
+        response_class(request),
+        {
+            "throttle_time": 0,
+            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+        },
+    )
+
+
+async def _partition_exists(agent: Any, name: str, partition: int) -> bool:
+    topic = await agent.topic(name)
+    return topic is not None and 0 <= partition < topic.partitions
 
 
 async def _topic_names(
