@@ -59,6 +59,18 @@ def list_topic_names(tr: ReadTransaction, sub: keys.Subspace) -> list[str]:
     return [sub.unpack(key)[1] for key, _topic_id in tr.get_range(begin, end)]
 
 
+def colliding_name(tr: ReadTransaction, sub: keys.Subspace, name: str) -> str | None:
+    """An existing topic whose name differs from `name` only by '.' versus '_' (Kafka
+    refuses those: metric names cannot tell them apart)."""
+    if "." not in name and "_" not in name:
+        return None
+    unified = name.replace(".", "_")
+    for other in list_topic_names(tr, sub):
+        if other != name and other.replace(".", "_") == unified:
+            return other
+    return None
+
+
 def create_topic(
     tr: Transaction,
     sub: keys.Subspace,
@@ -72,6 +84,12 @@ def create_topic(
 ) -> Topic:
     if tr.get(sub.key(keys.TOPIC_NAME, name)) is not None:
         raise MetadataError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+    other = colliding_name(tr, sub, name)
+    if other is not None:
+        raise MetadataError(
+            ErrorCode.invalid_topic_exception,
+            f"Topic '{name}' collides with existing topic: {other}",
+        )
     topic = Topic(topic_id, name, partitions, dict(configs))
     if validate_only:
         return topic

@@ -15,6 +15,9 @@ from metadata.errors import MetadataError
 
 API_KEY = 3
 NO_AUTHORIZED_OPERATIONS = -(2**31)
+# With no authorizer every operation is allowed: Kafka then reports these bit sets.
+ALL_TOPIC_OPERATIONS = 3576
+ALL_CLUSTER_OPERATIONS = 8096
 ZERO_UUID = uuid.UUID(int=0)
 
 
@@ -38,14 +41,16 @@ def partition_entries(agent: Any, topic: topics_layer.Topic) -> list[dict[str, A
     return entries
 
 
-def topic_entry(agent: Any, topic: topics_layer.Topic) -> dict[str, Any]:
+def topic_entry(
+    agent: Any, topic: topics_layer.Topic, operations: int = NO_AUTHORIZED_OPERATIONS
+) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.none,
         "name": topic.name,
         "topic_id": uuid.UUID(bytes=topic.topic_id),
         "is_internal": False,
         "partitions": partition_entries(agent, topic),
-        "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        "topic_authorized_operations": operations,
     }
 
 
@@ -77,13 +82,23 @@ async def handle(request: Any, ctx: Any) -> Any:
     allow_auto = (
         getattr(request, "allow_auto_topic_creation", True) and agent.config.auto_create_topics
     )
+    topic_ops = (
+        ALL_TOPIC_OPERATIONS
+        if getattr(request, "include_topic_authorized_operations", False)
+        else NO_AUTHORIZED_OPERATIONS
+    )
+    cluster_ops = (
+        ALL_CLUSTER_OPERATIONS
+        if getattr(request, "include_cluster_authorized_operations", False)
+        else NO_AUTHORIZED_OPERATIONS
+    )
     requested = request.topics
     if version == 0 and requested is not None and len(requested) == 0:
         requested = None  # v0: an empty list means all topics
     entries: list[dict[str, Any]] = []
     if requested is None:
         all_topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
-        entries = [topic_entry(agent, t) for t in all_topics]
+        entries = [topic_entry(agent, t, topic_ops) for t in all_topics]
     else:
         for wanted in requested:
             name = getattr(wanted, "name", None)
@@ -91,7 +106,7 @@ async def handle(request: Any, ctx: Any) -> Any:
             if name is None and topic_id is not None and topic_id != ZERO_UUID:
                 topic = await agent.topic_by_id(topic_id.bytes)
                 entries.append(
-                    topic_entry(agent, topic)
+                    topic_entry(agent, topic, topic_ops)
                     if topic is not None
                     else error_topic(None, ErrorCode.unknown_topic_id, topic_id)
                 )
@@ -110,7 +125,7 @@ async def handle(request: Any, ctx: Any) -> Any:
                         entries.append(error_topic(name, exc.error_code))
                         continue
             entries.append(
-                topic_entry(agent, topic)
+                topic_entry(agent, topic, topic_ops)
                 if topic is not None
                 else error_topic(name, ErrorCode.unknown_topic_or_partition)
             )
@@ -122,6 +137,6 @@ async def handle(request: Any, ctx: Any) -> Any:
             "cluster_id": agent.cluster_id,
             "controller_id": agent.live_agents()[0].node_id,
             "topics": entries,
-            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+            "cluster_authorized_operations": cluster_ops,
         },
     )

@@ -127,18 +127,6 @@ def _partition_count(agent: Any, wanted: Any, live_ids: set[int]) -> int:
     return agent.config.default_partitions if num_partitions == -1 else num_partitions
 
 
-async def _collision(agent: Any, name: str) -> str | None:
-    """An existing topic whose name differs from `name` only by '.' versus '_'."""
-    if "." not in name and "_" not in name:
-        return None
-    names = await agent.kv.read(lambda tr: topics_layer.list_topic_names(tr, agent.sub))
-    unified = name.replace(".", "_")
-    for other in names:
-        if other != name and other.replace(".", "_") == unified:
-            return other
-    return None
-
-
 async def _create_one(
     agent: Any, wanted: Any, live_ids: set[int], validate_only: bool
 ) -> dict[str, Any]:
@@ -153,12 +141,6 @@ async def _create_one(
         )
     if await agent.topic(name, fresh=True) is not None:
         raise _fail(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
-    other = await _collision(agent, name)
-    if other is not None:
-        raise _fail(
-            ErrorCode.invalid_topic_exception,
-            f"Topic '{name}' collides with existing topic: {other}",
-        )
     configs = validate_topic_configs({c.name: c.value for c in wanted.configs})
     partitions = _partition_count(agent, wanted, live_ids)
     if partitions > MAX_PARTITIONS_PER_OPERATION:

@@ -14,7 +14,14 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -41,6 +48,7 @@ from kafka.protocol.admin.topics import (
     DeleteTopicsRequest,
 )
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest
+from kio.schema.errors import ErrorCode
 
 OK = 0
 TOPIC = ResourceType.TOPIC
@@ -746,3 +754,51 @@ def test_two_agents_replication_factor_and_broker_configs(start_broker):
     for port in cluster.ports:
         other = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
         assert explicit_configs(other, "two") == {"retention.ms": "777"}
+
+
+def test_auto_created_topic_may_not_collide_by_dot_and_underscore(broker):
+    client = admin(broker)
+    for future in client.create_topics([NewTopic("collide.name", 1)]).values():
+        future.result(10)
+    md = raw_metadata_topic(broker, "collide_name")
+    assert md.error_code == ErrorCode.invalid_topic_exception
+    assert "collide_name" not in partition_counts(client)
+
+
+def test_metadata_reports_authorized_operations_when_asked(broker):
+    client = admin(broker)
+    for future in client.create_topics([NewTopic("ops-topic", 1)]).values():
+        future.result(10)
+    described = client.describe_topics(
+        TopicCollection(["ops-topic"]), include_authorized_operations=True
+    )
+    ops = described["ops-topic"].result(10).authorized_operations
+    assert {op.name for op in ops} == {
+        "READ",
+        "WRITE",
+        "CREATE",
+        "DELETE",
+        "ALTER",
+        "DESCRIBE",
+        "DESCRIBE_CONFIGS",
+        "ALTER_CONFIGS",
+    }
+    cluster = client.describe_cluster(include_authorized_operations=True).result(10)
+    assert "IDEMPOTENT_WRITE" in {op.name for op in cluster.authorized_operations}
+
+
+def raw_metadata_topic(broker: Any, name: str) -> Any:
+    from kio.index import load_request_schema
+
+    from broker.entities import build
+    from tests.e2e.rawclient import roundtrip
+
+    request = build(
+        load_request_schema(3, 12),
+        {
+            "topics": [{"name": name, "topic_id": None}],
+            "allow_auto_topic_creation": True,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    return roundtrip(broker.port, request).topics[0]
