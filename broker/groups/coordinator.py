@@ -112,6 +112,18 @@ class Placement(Protocol):
     def is_local(self, group_id: str) -> bool: ...
 
 
+TopicResolver = Callable[[str], Awaitable[Any]]  # topic name -> Topic (or None)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCommit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
 class CoordinatorError(Exception):
     def __init__(self, error: ErrorCode) -> None:
         super().__init__(error.name)
@@ -222,16 +234,13 @@ class GroupCoordinator:
         return self.placement.is_local(group_id)
 
     @asynccontextmanager
-    async def _locked(
-        self, group_id: str, *, check_owner: bool = True, load: bool = True
-    ) -> AsyncIterator[_Slot]:
-        """The group's slot, locked and loaded; failures unload the group (see module)."""
-        if check_owner and not await self._owns(group_id):
-            slot = self._slots.get(group_id)
-            if slot is not None and slot.group is not None:
-                async with slot.lock:
-                    self._unload(slot, ErrorCode.not_coordinator)
-            raise CoordinatorError(ErrorCode.not_coordinator)
+    async def _locked(self, group_id: str, *, claim: bool = True) -> AsyncIterator[_Slot]:
+        """The group's slot, locked; with `claim`, checked to be ours and loaded.
+
+        The lock is the first thing a request waits for: it is fair, so the requests of
+        one connection, started in order, act on the group in order, as Kafka handles a
+        connection's requests one after another. Failures unload the group (see module).
+        """
         while True:
             slot = self._slots.setdefault(group_id, _Slot())
             await slot.lock.acquire()
@@ -239,8 +248,8 @@ class GroupCoordinator:
                 break
             slot.lock.release()  # the slot was dropped while this task waited for it
         try:
-            if slot.group is None and load:
-                slot.group = await self._load(group_id)
+            if claim:
+                await self._claim(slot, group_id)
             yield slot
             group = slot.group
             if group is not None and group.dirty and group.state is not DEAD:
@@ -260,6 +269,14 @@ class GroupCoordinator:
             raise
         finally:
             slot.lock.release()
+
+    async def _claim(self, slot: _Slot, group_id: str, *, load: bool = True) -> None:
+        """NOT_COORDINATOR unless this agent coordinates the group; then load it."""
+        if not await self._owns(group_id):
+            self._unload(slot, ErrorCode.not_coordinator)
+            raise CoordinatorError(ErrorCode.not_coordinator)
+        if slot.group is None and load:
+            slot.group = await self._load(group_id)
 
     def _unload(self, slot: _Slot, error: ErrorCode) -> None:
         group = slot.group
@@ -322,7 +339,7 @@ class GroupCoordinator:
             if slot is None or slot.group is not group:
                 return
             try:
-                async with self._locked(group_id, check_owner=False, load=False) as slot:
+                async with self._locked(group_id, claim=False) as slot:
                     if slot.group is group and group.state is not DEAD:
                         await action(group)
             except CoordinatorError:
@@ -999,65 +1016,115 @@ class GroupCoordinator:
         generation: int,
         member_id: str,
         instance_id: str | None,
-        offsets: list[store.OffsetToCommit],
+        partitions: list[PartitionCommit],
         *,
+        resolve_topic: TopicResolver,
         retention_ms: int = -1,
         api_version: int = 8,
-    ) -> ErrorCode:
-        """OffsetCommit for partitions already checked to exist; the group-level error."""
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """OffsetCommit: an error for every partition, placed as Apache Kafka places them.
+
+        Partitions of unknown topics are UNKNOWN_TOPIC_OR_PARTITION; if any partition is
+        left, a group error (NOT_COORDINATOR included) goes to every partition; otherwise
+        metadata over offset.metadata.max.bytes is OFFSET_METADATA_TOO_LARGE.
+        """
+        answers: dict[tuple[str, int], ErrorCode] = {}
         try:
-            async with self._locked(group_id) as slot:
-                group = slot.group
-                if group is None:
-                    if generation >= 0:
-                        # v9+ says so plainly; older clients expect ILLEGAL_GENERATION.
-                        return (
-                            ErrorCode.group_id_not_found
-                            if api_version >= 9
-                            else ErrorCode.illegal_generation
+            async with self._locked(group_id, claim=False) as slot:
+                valid: list[store.OffsetToCommit] = []
+                too_large: list[tuple[str, int]] = []
+                max_bytes = self.settings.offset_metadata_max_bytes
+                for p in partitions:
+                    topic = await resolve_topic(p.topic)
+                    if topic is None or not 0 <= p.partition < topic.partitions:
+                        answers[(p.topic, p.partition)] = ErrorCode.unknown_topic_or_partition
+                    elif p.metadata is not None and len(p.metadata) > max_bytes:
+                        too_large.append((p.topic, p.partition))
+                    else:
+                        valid.append(
+                            store.OffsetToCommit(
+                                p.topic,
+                                topic.topic_id,
+                                p.partition,
+                                p.offset,
+                                p.leader_epoch,
+                                p.metadata or "",
+                            )
                         )
-                    group = slot.group = ClassicGroup(group_id, self.clock.now_ms())
-                error = group.validate_offset_commit(member_id, instance_id, generation)
-                if error is not None:
-                    return error
-                member = group.members.get(member_id)
-                if member is not None and group.state in (STABLE, PREPARING):
-                    self._reschedule_heartbeat(group, member)  # a commit keeps the session
-                if not offsets:
-                    return ErrorCode.none
-                simple = generation < 0 and group.state is EMPTY
-                fence = None if simple else group.generation
-                now = self.clock.now_ms()
-                expire = now + retention_ms if retention_ms >= 0 else None
-                revision = await self.kv.transact(
-                    lambda tr: store.commit_offsets(
-                        tr,
-                        self.sub,
-                        group_id,
-                        offsets,
-                        generation=fence,
-                        now_ms=now,
-                        expire_timestamp_ms=expire,
-                    )
-                )
-                if group.revision is None:
-                    group.revision = revision
-                return ErrorCode.none
+                if not valid and not too_large:
+                    return answers
+                await self._claim(slot, group_id)
+                error = await self._commit(
+                    slot, group_id, generation, member_id, instance_id, valid, retention_ms,
+                    api_version,
+                )  # fmt: skip
         except CoordinatorError as exc:
-            return exc.error
+            error = exc.error
+        if error is not ErrorCode.none:
+            return {(p.topic, p.partition): error for p in partitions}
+        answers.update({(o.topic, o.partition): ErrorCode.none for o in valid})
+        answers.update({key: ErrorCode.offset_metadata_too_large for key in too_large})
+        return answers
+
+    async def _commit(
+        self,
+        slot: _Slot,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        instance_id: str | None,
+        offsets: list[store.OffsetToCommit],
+        retention_ms: int,
+        api_version: int,
+    ) -> ErrorCode:
+        group = slot.group
+        if group is None:
+            if generation >= 0:
+                # v9+ says so plainly; older clients expect ILLEGAL_GENERATION.
+                return (
+                    ErrorCode.group_id_not_found
+                    if api_version >= 9
+                    else ErrorCode.illegal_generation
+                )
+            group = slot.group = ClassicGroup(group_id, self.clock.now_ms())
+        error = group.validate_offset_commit(member_id, instance_id, generation)
+        if error is not None:
+            return error
+        member = group.members.get(member_id)
+        if member is not None and group.state in (STABLE, PREPARING):
+            self._reschedule_heartbeat(group, member)  # a commit keeps the session
+        if not offsets:
+            return ErrorCode.none
+        simple = generation < 0 and group.state is EMPTY
+        fence = None if simple else group.generation
+        now = self.clock.now_ms()
+        expire = now + retention_ms if retention_ms >= 0 else None
+        revision = await self.kv.transact(
+            lambda tr: store.commit_offsets(
+                tr,
+                self.sub,
+                group_id,
+                offsets,
+                generation=fence,
+                now_ms=now,
+                expire_timestamp_ms=expire,
+            )
+        )
+        if group.revision is None:
+            group.revision = revision
+        return ErrorCode.none
 
     async def fetch_offsets(
         self, group_id: str, topics: list[str] | None
     ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset]]:
-        if not await self._owns(group_id):
-            return ErrorCode.not_coordinator, {}
         try:
-            offsets = await self.kv.read(
-                lambda tr: store.fetch_offsets(tr, self.sub, group_id, topics)
-            )
-        except KVError:
-            log.exception("reading the offsets of group %r failed", group_id)
-            return ErrorCode.coordinator_not_available, {}
+            async with self._locked(group_id, claim=False) as slot:
+                await self._claim(slot, group_id, load=False)
+                offsets = await self.kv.read(
+                    lambda tr: store.fetch_offsets(tr, self.sub, group_id, topics)
+                )
+        except CoordinatorError as exc:
+            return exc.error, {}
         return ErrorCode.none, offsets
 
     async def describe(self, group_id: str) -> DescribedGroup:
@@ -1132,26 +1199,37 @@ class GroupCoordinator:
             return exc.error
 
     async def delete_offsets(
-        self, group_id: str, partitions: list[tuple[str, int]]
+        self,
+        group_id: str,
+        partitions: list[tuple[str, int]],
+        *,
+        resolve_topic: TopicResolver,
     ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
-        """OffsetDelete for partitions already checked to exist."""
+        """OffsetDelete: a group error, or an error for every partition."""
         if not group_id:
             return ErrorCode.invalid_group_id, {}
         try:
             async with self._locked(group_id) as slot:
                 group = slot.group
+                answers: dict[tuple[str, int], ErrorCode] = {}
+                known = []
+                for topic_name, partition in partitions:
+                    topic = await resolve_topic(topic_name)
+                    if topic is None or not 0 <= partition < topic.partitions:
+                        answers[(topic_name, partition)] = ErrorCode.unknown_topic_or_partition
+                    else:
+                        known.append((topic_name, partition))
                 if group is None:
                     return ErrorCode.group_id_not_found, {}
                 if group.state is not EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
                     return ErrorCode.non_empty_group, {}
-                answers: dict[tuple[str, int], ErrorCode] = {}
                 doomed = []
-                for topic, partition in partitions:
-                    if group.state is not EMPTY and group.is_subscribed_to_topic(topic):
-                        answers[(topic, partition)] = ErrorCode.group_subscribed_to_topic
+                for topic_name, partition in known:
+                    if group.is_subscribed_to_topic(topic_name):
+                        answers[(topic_name, partition)] = ErrorCode.group_subscribed_to_topic
                     else:
-                        answers[(topic, partition)] = ErrorCode.none
-                        doomed.append((topic, partition))
+                        answers[(topic_name, partition)] = ErrorCode.none
+                        doomed.append((topic_name, partition))
                 if doomed:
                     await self.kv.transact(
                         lambda tr: store.delete_offsets(tr, self.sub, group_id, doomed)

@@ -13,62 +13,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from kio.schema.errors import ErrorCode
-
 from broker.entities import build, ms
+from broker.groups.coordinator import PartitionCommit
 from broker.handlers import api, response_class
-from metadata.groups import OffsetToCommit
 
 API_KEY = 8
 
 
 @api(API_KEY, 2, 9)
 async def handle(request: Any, ctx: Any) -> Any:
-    agent = ctx.agent
-    coordinator = agent.groups
-    errors: dict[tuple[str, int], ErrorCode] = {}
-    valid: list[OffsetToCommit] = []
-    too_large: list[tuple[str, int]] = []
-    max_bytes = coordinator.settings.offset_metadata_max_bytes
-    for topic in request.topics:
-        known = await agent.topic(topic.name)
-        for p in topic.partitions:
-            key = (topic.name, p.partition_index)
-            if known is None or not 0 <= p.partition_index < known.partitions:
-                errors[key] = ErrorCode.unknown_topic_or_partition
-            elif p.committed_metadata is not None and len(p.committed_metadata) > max_bytes:
-                too_large.append(key)
-            else:
-                valid.append(
-                    OffsetToCommit(
-                        topic.name,
-                        known.topic_id,
-                        p.partition_index,
-                        p.committed_offset,
-                        getattr(p, "committed_leader_epoch", -1),
-                        p.committed_metadata or "",
-                    )
-                )
-    if valid or too_large:
-        retention = getattr(request, "retention_time", None)
-        group_error = await coordinator.commit_offsets(
-            request.group_id,
-            request.generation_id_or_member_epoch,
-            request.member_id,
-            getattr(request, "group_instance_id", None),
-            valid,
-            retention_ms=-1 if retention is None else ms(retention),
-            api_version=ctx.api_version,
-        )
-        if group_error != ErrorCode.none:
-            errors = {
-                (t.name, p.partition_index): group_error
-                for t in request.topics
-                for p in t.partitions
-            }
-        else:
-            errors.update({(o.topic, o.partition): ErrorCode.none for o in valid})
-            errors.update({key: ErrorCode.offset_metadata_too_large for key in too_large})
+    retention = getattr(request, "retention_time", None)
+    errors = await ctx.agent.groups.commit_offsets(
+        request.group_id,
+        request.generation_id_or_member_epoch,
+        request.member_id,
+        getattr(request, "group_instance_id", None),
+        [
+            PartitionCommit(
+                t.name,
+                p.partition_index,
+                p.committed_offset,
+                getattr(p, "committed_leader_epoch", -1),
+                p.committed_metadata,
+            )
+            for t in request.topics
+            for p in t.partitions
+        ],
+        resolve_topic=ctx.agent.topic,
+        retention_ms=-1 if retention is None else ms(retention),
+        api_version=ctx.api_version,
+    )
     return build(
         response_class(request),
         {

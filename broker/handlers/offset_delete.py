@@ -20,22 +20,15 @@ API_KEY = 47
 
 @api(API_KEY, 0, 0)
 async def handle(request: Any, ctx: Any) -> Any:
-    agent = ctx.agent
-    errors: dict[tuple[str, int], ErrorCode] = {}
-    valid: list[tuple[str, int]] = []
-    for topic in request.topics:
-        known = await agent.topic(topic.name)
-        for p in topic.partitions:
-            if known is None or not 0 <= p.partition_index < known.partitions:
-                errors[(topic.name, p.partition_index)] = ErrorCode.unknown_topic_or_partition
-            else:
-                valid.append((topic.name, p.partition_index))
-    error, answers = await agent.groups.delete_offsets(request.group_id, valid)
+    error, errors = await ctx.agent.groups.delete_offsets(
+        request.group_id,
+        [(t.name, p.partition_index) for t in request.topics for p in t.partitions],
+        resolve_topic=ctx.agent.topic,
+    )
     if error != ErrorCode.none:
         return build(
             response_class(request), {"throttle_time": 0, "error_code": error, "topics": []}
         )
-    errors.update(answers)
     return build(
         response_class(request),
         {

@@ -20,6 +20,7 @@ from broker.groups.coordinator import (
     GroupCoordinator,
     GroupSettings,
     JoinRequest,
+    PartitionCommit,
     SyncRequest,
 )
 from broker.groups.timer import Timer
@@ -437,51 +438,61 @@ def topic(kv) -> topics.Topic:
     )
 
 
-def offsets(topic: topics.Topic, value: int = 5) -> list[store.OffsetToCommit]:
-    return [store.OffsetToCommit("t", topic.topic_id, p, value + p, 0, "m") for p in range(2)]
+def offsets(topic: topics.Topic, value: int = 5) -> list[PartitionCommit]:
+    return [PartitionCommit("t", p, value + p, 0, "m") for p in range(2)]
+
+
+def resolver(kv: SQLiteKV) -> Callable[[str], Any]:
+    async def resolve(name: str) -> topics.Topic | None:
+        return await kv.read(lambda tr: topics.get_topic(tr, SUB, name))
+
+    return resolve
+
+
+async def commit(
+    coord: GroupCoordinator, group: str, generation: int, member: str, parts: list[Any], **kw: Any
+) -> ErrorCode:
+    """Commit through the coordinator; the one error every partition got."""
+    answers = await coord.commit_offsets(
+        group, generation, member, None, parts, resolve_topic=resolver(coord.kv), **kw
+    )
+    (error,) = set(answers.values())
+    return error
 
 
 async def test_commit_rules_of_classic_groups(h, topic):
     coord = h.coord
-    assert await coord.commit_offsets("simple", -1, "", None, offsets(topic)) == E.none
+    assert await commit(coord, "simple", -1, "", offsets(topic)) == E.none
     error, got = await coord.fetch_offsets("simple", None)
     assert error == E.none and got[("t", 1)].offset == 6
+    assert await commit(coord, "nogroup", 3, "m", offsets(topic)) == E.illegal_generation
     assert (
-        await coord.commit_offsets("nogroup", 3, "m", None, offsets(topic)) == E.illegal_generation
-    )
-    assert (
-        await coord.commit_offsets("nogroup", 3, "m", None, offsets(topic), api_version=9)
+        await commit(coord, "nogroup", 3, "m", offsets(topic), api_version=9)
         == E.group_id_not_found
     )
     joined = await form_group(h, "a", "b")
     a, b = joined
     # Joined but not synced: CompletingRebalance.
-    assert (
-        await coord.commit_offsets("g", 1, a.member_id, None, offsets(topic))
-        == E.rebalance_in_progress
-    )
+    assert await commit(coord, "g", 1, a.member_id, offsets(topic)) == E.rebalance_in_progress
     await stabilize(h, joined)
-    assert await coord.commit_offsets("g", 1, a.member_id, None, offsets(topic)) == E.none
-    assert (
-        await coord.commit_offsets("g", 2, a.member_id, None, offsets(topic))
-        == E.illegal_generation
-    )
-    assert await coord.commit_offsets("g", 1, "x", None, offsets(topic)) == E.unknown_member_id
-    assert await coord.commit_offsets("g", -1, "", None, offsets(topic)) == E.unknown_member_id
+    assert await commit(coord, "g", 1, a.member_id, offsets(topic)) == E.none
+    assert await commit(coord, "g", 2, a.member_id, offsets(topic)) == E.illegal_generation
+    assert await commit(coord, "g", 1, "x", offsets(topic)) == E.unknown_member_id
+    assert await commit(coord, "g", -1, "", offsets(topic)) == E.unknown_member_id
     # A rebalance starts: members may still commit what they processed in generation 1.
     h.start(coord.join, jreq(client="c"))
     await h.until(lambda: h.group().state is GroupState.PREPARING_REBALANCE)
-    assert await coord.commit_offsets("g", 1, b.member_id, None, offsets(topic, 50)) == E.none
+    assert await commit(coord, "g", 1, b.member_id, offsets(topic, 50)) == E.none
     _error, got = await coord.fetch_offsets("g", ["t"])
     assert {k: v.offset for k, v in got.items()} == {("t", 0): 50, ("t", 1): 51}
 
 
 async def test_offsets_retention_for_empty_and_simple_groups(h, topic):
     coord = h.coord
-    await coord.commit_offsets("simple", -1, "", None, offsets(topic))
+    await commit(coord, "simple", -1, "", offsets(topic))
     joined = await form_group(h, "a")
     await stabilize(h, joined)
-    await coord.commit_offsets("g", 1, joined[0].member_id, None, offsets(topic))
+    await commit(coord, "g", 1, joined[0].member_id, offsets(topic))
     await h.advance(50_000)
     await coord.leave("g", [(joined[0].member_id, None)])  # Empty from now on
     assert await coord.expire_offsets() == 0
@@ -498,7 +509,7 @@ async def test_offsets_retention_for_empty_and_simple_groups(h, topic):
 async def test_stable_consumer_group_keeps_offsets_of_subscribed_topics(h, topic):
     joined = await form_group(h, "a", protocols=(("range", subscription("t")),))
     await stabilize(h, joined)
-    await h.coord.commit_offsets("g", 1, joined[0].member_id, None, offsets(topic))
+    await commit(h.coord, "g", 1, joined[0].member_id, offsets(topic))
     await h.advance(120_000)
     await h.coord.heartbeat("g", 1, joined[0].member_id, None)
     assert await h.coord.expire_offsets() == 0
@@ -509,25 +520,34 @@ async def test_delete_groups_and_offsets(h, topic):
     assert await coord.delete_group("nope") == E.group_id_not_found
     joined = await form_group(h, "a", protocols=(("range", subscription("t")),))
     await stabilize(h, joined)
-    await coord.commit_offsets("g", 1, joined[0].member_id, None, offsets(topic))
+    await commit(coord, "g", 1, joined[0].member_id, offsets(topic))
     assert await coord.delete_group("g") == E.non_empty_group
-    error, answers = await coord.delete_offsets("g", [("t", 0), ("u", 0)])
+    error, answers = await coord.delete_offsets(
+        "g", [("t", 0), ("u", 0)], resolve_topic=resolver(h.kv)
+    )
     assert error == E.none
-    assert answers == {("t", 0): E.group_subscribed_to_topic, ("u", 0): E.none}
+    assert answers == {
+        ("t", 0): E.group_subscribed_to_topic,
+        ("u", 0): E.unknown_topic_or_partition,
+    }
     await coord.leave("g", [(joined[0].member_id, None)])
-    error, answers = await coord.delete_offsets("g", [("t", 0)])
+    error, answers = await coord.delete_offsets("g", [("t", 0)], resolve_topic=resolver(h.kv))
     assert answers == {("t", 0): E.none}
     assert sorted((await coord.fetch_offsets("g", None))[1]) == [("t", 1)]
     assert await coord.delete_group("g") == E.none
     assert (await coord.fetch_offsets("g", None))[1] == {}
     assert (await coord.describe("g")).state == "Dead"
-    assert await coord.delete_offsets("g", []) == (E.group_id_not_found, {})
+    assert await coord.delete_offsets("g", [], resolve_topic=resolver(h.kv)) == (
+        E.group_id_not_found,
+        {},
+    )
 
 
 async def test_offset_delete_in_a_non_consumer_group_with_members(h, topic):
     joined = await form_group(h, "a", protocol_type="connect")
     await stabilize(h, joined)
-    assert (await h.coord.delete_offsets("g", [("t", 0)]))[0] == E.non_empty_group
+    error, _answers = await h.coord.delete_offsets("g", [("t", 0)], resolve_topic=resolver(h.kv))
+    assert error == E.non_empty_group
 
 
 # -- describe and list -----------------------------------------------------------------
@@ -574,7 +594,7 @@ async def test_losing_the_group_answers_parked_requests_not_coordinator(h):
 async def test_new_coordinator_loads_the_group_and_members_carry_on(h, topic):
     joined = await form_group(h, "a", "b")
     await stabilize(h, joined)
-    await h.coord.commit_offsets("g", 1, joined[0].member_id, None, offsets(topic, 77))
+    await commit(h.coord, "g", 1, joined[0].member_id, offsets(topic, 77))
     other = h.other_coordinator()
     for j in joined:
         assert await other.heartbeat("g", 1, j.member_id, None) == E.none
@@ -583,7 +603,7 @@ async def test_new_coordinator_loads_the_group_and_members_carry_on(h, topic):
     synced = await other.sync(sreq(joined[1].member_id, 1))
     assert synced.assignment == b"assigned-" + joined[1].member_id.encode()
     assert (await other.fetch_offsets("g", ["t"]))[1][("t", 0)].offset == 77
-    assert await other.commit_offsets("g", 1, joined[1].member_id, None, offsets(topic)) == E.none
+    assert await commit(other, "g", 1, joined[1].member_id, offsets(topic)) == E.none
 
 
 async def test_a_group_loaded_mid_rebalance_rebalances(h):
@@ -608,7 +628,7 @@ async def test_a_stale_coordinator_is_fenced(h, topic):
     error, _answers = await h.coord.leave("g", [(b.member_id, None)])
     assert error == E.not_coordinator and h.group() is None
     # Generation 1 is still the stored one: commits for it are fine anywhere.
-    assert await h.coord.commit_offsets("g", 1, a.member_id, None, offsets(topic)) == E.none
+    assert await commit(h.coord, "g", 1, a.member_id, offsets(topic)) == E.none
     # The other agent completes generation 2; a commit for generation 1 through a copy
     # that missed it is fenced by the stored generation.
     rejoined = [other.join(jreq(j.member_id)) for j in (a, b)]
@@ -616,10 +636,30 @@ async def test_a_stale_coordinator_is_fenced(h, topic):
     results = [await box.get() for box in boxes]
     assert {r.generation for r in results} == {2}
     assert h.group().generation == 1  # loaded again by the commit above, before generation 2
-    assert (
-        await h.coord.commit_offsets("g", 1, a.member_id, None, offsets(topic, 9))
-        == E.not_coordinator
-    )
+    assert await commit(h.coord, "g", 1, a.member_id, offsets(topic, 9)) == E.not_coordinator
     assert h.group() is None
     _e, got = await other.fetch_offsets("g", ["t"])
     assert got[("t", 0)].offset == 5
+
+
+async def test_requests_act_on_a_group_in_the_order_they_arrive(h, topic):
+    """Two pipelined commits from one connection: the later one wins even if the first
+    is slow, as Kafka handles a connection's requests one after another."""
+    resolve = resolver(h.kv)
+
+    async def slow(name: str) -> Any:
+        await anyio.sleep(0.1)
+        return await resolve(name)
+
+    tasks = [
+        asyncio.ensure_future(
+            h.coord.commit_offsets(
+                "g", -1, "", None, [PartitionCommit("t", 0, offset, -1, None)],
+                resolve_topic=resolver_,
+            )
+        )
+        for offset, resolver_ in ((10, slow), (20, resolve))
+    ]  # fmt: skip
+    await asyncio.gather(*tasks)
+    _error, got = await h.coord.fetch_offsets("g", ["t"])
+    assert got[("t", 0)].offset == 20
