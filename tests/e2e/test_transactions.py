@@ -217,3 +217,37 @@ async def test_aiokafka_transactional_producer(txn_broker):
         await producer.stop()
     committed = sorted(v for _p, _o, v in read_all(bs, "tx-aio", 2, "read_committed"))
     assert committed == [b"ac%d" % i for i in range(5)]
+
+
+def test_consume_transform_produce_exactly_once_across_kill_9(txn_broker, tmp_path):
+    import subprocess
+    import sys
+
+    bs = txn_broker.bootstrap
+    partitions, total = 4, 3000
+    create_topic(bs, "input", partitions)
+    create_topic(bs, "output", partitions)
+    source = Producer({"bootstrap.servers": bs, "acks": "all", "linger.ms": 5})
+    for i in range(total):
+        source.produce("input", key=b"k%d" % i, value=b"value-%d" % i, partition=i % partitions)
+    assert source.flush(30) == 0
+
+    app = [sys.executable, "-m", "tests.e2e.ctp_app", bs, "150"]
+    log = open(tmp_path / "app.log", "w+")
+    first = subprocess.Popen(app, stdout=subprocess.PIPE, stderr=log, text=True)
+    # Let it commit a few transactions, then kill it without warning.
+    committed = 0
+    deadline = time.monotonic() + 60
+    while committed < 500 and time.monotonic() < deadline:
+        line = first.stdout.readline()
+        if line.startswith("committed"):
+            committed = int(line.split()[1])
+    first.kill()
+    first.wait(10)
+    assert 0 < committed < total, committed
+
+    second = subprocess.run(app, stderr=log, stdout=subprocess.DEVNULL, timeout=180)
+    assert second.returncode == 0, (tmp_path / "app.log").read_text()
+    out = read_all(bs, "output", partitions, "read_committed")
+    values = sorted(v for _p, _o, v in out)
+    assert values == sorted(b"VALUE-%d" % i for i in range(total))
