@@ -21,8 +21,12 @@ LATEST_TIERED = -5
 LEADER_EPOCH = 0
 
 
+# The first ListOffsets version that may ask for each special timestamp.
+MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
+
+
 async def _answer(
-    agent: Any, topic: Any, partition: int, timestamp: int, read_committed: bool
+    agent: Any, topic: Any, partition: int, timestamp: int, read_committed: bool, version: int
 ) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "partition_index": partition,
@@ -34,6 +38,9 @@ async def _answer(
     }
     if topic is None or not 0 <= partition < topic.partitions:
         answer["error_code"] = ErrorCode.unknown_topic_or_partition
+        return answer
+    if timestamp < 0 and version < MIN_VERSION.get(timestamp, 2**15):
+        answer["error_code"] = ErrorCode.unsupported_version
         return answer
 
     def read(tr: Any) -> tuple[log_layer.PartitionState | None, int]:
@@ -59,9 +66,6 @@ async def _answer(
         offset, ts = await offset_of_max_timestamp(
             agent, topic.topic_id, partition, state.log_start_offset
         )
-    elif timestamp < 0:
-        answer["error_code"] = ErrorCode.invalid_request
-        return answer
     else:
         offset, ts = await offset_for_timestamp(
             agent, topic.topic_id, partition, timestamp, state.log_start_offset
@@ -78,7 +82,9 @@ async def handle(request: Any, ctx: Any) -> Any:
     for t in request.topics:
         topic = await agent.topic(t.name)
         parts = [
-            await _answer(agent, topic, p.partition_index, p.timestamp, read_committed)
+            await _answer(
+                agent, topic, p.partition_index, p.timestamp, read_committed, ctx.api_version
+            )
             for p in t.partitions
         ]
         topics_out.append({"name": t.name, "partitions": parts})

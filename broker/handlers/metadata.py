@@ -7,7 +7,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker.admin import create_topic
+from broker.admin import create_topic, topic_name_error
 from broker.entities import build
 from broker.handlers import api, response_class
 from metadata import topics as topics_layer
@@ -34,8 +34,10 @@ def partition_entries(agent: Any, topic: topics_layer.Topic) -> list[dict[str, A
                 "replica_nodes": [leader],
                 "isr_nodes": [leader],
                 "offline_replicas": [],
-                "eligible_leader_replicas": None,
-                "last_known_elr": None,
+                # Kafka answers empty lists here, never null: the Java AdminClient (3.8+)
+                # streams them in describeTopics and fails on null.
+                "eligible_leader_replicas": [],
+                "last_known_elr": [],
             }
         )
     return entries
@@ -124,11 +126,16 @@ async def handle(request: Any, ctx: Any) -> Any:
                     else:
                         entries.append(error_topic(name, exc.error_code))
                         continue
-            entries.append(
-                topic_entry(agent, topic, topic_ops)
-                if topic is not None
-                else error_topic(name, ErrorCode.unknown_topic_or_partition)
-            )
+            if topic is None:
+                # Kafka validates the name before it looks the topic up.
+                code = (
+                    ErrorCode.invalid_topic_exception
+                    if topic_name_error(name) is not None
+                    else ErrorCode.unknown_topic_or_partition
+                )
+                entries.append(error_topic(name, code))
+            else:
+                entries.append(topic_entry(agent, topic, topic_ops))
     return build(
         response_class(request),
         {

@@ -49,11 +49,6 @@ async def handle(request: Any, ctx: Any) -> Any:
         for pdata in topic_data.partition_data:
             key = (name, pdata.index)
             order.append(key)
-            if request.acks not in VALID_ACKS:
-                answers[key] = _partition_answer(
-                    pdata.index, AppendResult(ErrorCode.invalid_required_acks)
-                )
-                continue
             if topic is None or not 0 <= pdata.index < topic.partitions:
                 answers[key] = _partition_answer(
                     pdata.index, AppendResult(ErrorCode.unknown_topic_or_partition)
@@ -73,6 +68,18 @@ async def handle(request: Any, ctx: Any) -> Any:
                 )
                 continue
             queued.append((key, topic.topic_id, pdata.index, bytes(records), view))
+
+    # Kafka answers bad partitions first, and then judges what is left as a whole.
+    transactional = any(view.is_transactional for *_rest, view in queued)
+    if transactional and request.transactional_id is None:
+        code = ErrorCode.transactional_id_authorization_failed
+        for key in order:
+            answers[key] = _partition_answer(key[1], AppendResult(code))
+        queued = []
+    elif request.acks not in VALID_ACKS:
+        for key, *_rest in queued:
+            answers[key] = _partition_answer(key[1], AppendResult(ErrorCode.invalid_required_acks))
+        queued = []
 
     async def append(
         key: tuple[str, int], topic_id: bytes, partition: int, data: bytes, view: Any
