@@ -301,6 +301,43 @@ def commit_offsets(
     return stored.revision
 
 
+def apply_offset(
+    tr: Transaction,
+    sub: keys.Subspace,
+    group_id: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    leader_epoch: int,
+    metadata: str | None,
+    now_ms: int,
+) -> None:
+    """Make an offset committed by a transaction (TxnOffsetCommit) a group offset.
+
+    No generation check: the transaction was checked when the offset was added to it. A
+    group that does not exist yet gets a simple group record, as when Kafka replays an
+    offset commit for an unknown group. An offset for a topic that is gone is dropped.
+    """
+    topic_id = tr.get(sub.key(keys.TOPIC_NAME, topic))
+    if topic_id is None:
+        return
+    if tr.get(sub.key(keys.GROUP, group_id)) is None:
+        put_group(
+            tr,
+            sub,
+            StoredGroup(group_id, None, None, 0, None, EMPTY, now_ms),
+            expected_revision=None,
+        )
+    put_offset(
+        tr,
+        sub,
+        group_id,
+        topic,
+        partition,
+        CommittedOffset(offset, leader_epoch, metadata or "", now_ms, None, bytes(topic_id)),
+    )
+
+
 def _current_topic_ids(
     tr: ReadTransaction, sub: keys.Subspace, names: Iterable[str]
 ) -> dict[str, bytes]:

@@ -219,3 +219,14 @@ def test_expire_offsets_deletes_an_empty_group_left_without_offsets(kv, topic):
     assert expire(1500) == groups.ExpiryResult(1, 1, False)
     assert expire(2500) == groups.ExpiryResult(1, 0, True)
     assert kv.transact_sync(lambda tr: groups.get_group(tr, SUB, "s")) is None
+
+
+def test_apply_offset_of_a_committed_transaction(kv, topic):
+    kv.transact_sync(lambda tr: groups.apply_offset(tr, SUB, "txg", "t", 2, 30, 0, None, now_ms=9))
+    kv.transact_sync(
+        lambda tr: groups.apply_offset(tr, SUB, "txg", "gone", 0, 1, 0, None, now_ms=9)
+    )
+    assert kv.transact_sync(lambda tr: groups.fetch_offsets(tr, SUB, "txg")) == {
+        ("t", 2): CommittedOffset(30, 0, "", 9, None, topic.topic_id)
+    }
+    assert kv.transact_sync(lambda tr: groups.get_group(tr, SUB, "txg")).state == EMPTY
