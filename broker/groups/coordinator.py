@@ -107,7 +107,7 @@ class Clock:
 
 
 class Placement(Protocol):
-    async def refresh(self) -> None: ...
+    async def refresh(self, *, fresh: bool = False) -> None: ...
 
     def is_local(self, group_id: str) -> bool: ...
 
@@ -231,6 +231,11 @@ class GroupCoordinator:
 
     async def _owns(self, group_id: str) -> bool:
         await self.placement.refresh()
+        if self.placement.is_local(group_id):
+            return True
+        # FindCoordinator reads the live agents afresh; so does a "no" here, else a client
+        # sent here just after the agents changed would be sent away again.
+        await self.placement.refresh(fresh=True)
         return self.placement.is_local(group_id)
 
     @asynccontextmanager

@@ -22,8 +22,8 @@ class AgentPlacement:
     def __init__(self, agent: Any) -> None:
         self._agent = agent
 
-    async def refresh(self) -> None:
-        await self._agent.refresh_live_agents(max_age=self.REFRESH_SECONDS)
+    async def refresh(self, *, fresh: bool = False) -> None:
+        await self._agent.refresh_live_agents(max_age=0.0 if fresh else self.REFRESH_SECONDS)
 
     def is_local(self, group_id: str) -> bool:
         return bool(self._agent.coordinator_for(group_id).node_id == self._agent.node_id)
