@@ -19,7 +19,7 @@ from tests.support.group_consumers import (
     Tracker,
     wait_for,
 )
-from tests.support.groups import commit, fetch_offsets, find_coordinator
+from tests.support.groups import commit, fetch_offsets, find_coordinator, wait_for_agents
 
 FAST = ["--group-initial-rebalance-delay-ms", "300", "--group-min-session-timeout-ms", "1000"]
 MAX_POLL_RECORDS = 20  # what every runner asks for per poll
@@ -97,9 +97,7 @@ def test_coordinator_failover_when_its_agent_is_killed(start_broker, client):
     bootstrap = f"{first.bootstrap},{second.bootstrap}"
     topic, group = f"failover-{client}", f"failover-{client}"
     ensure_topic(first.port, topic)
-    wait_for(
-        lambda: len(find_coordinator(first.port, group, version=4).coordinators) == 1, "agents"
-    )
+    wait_for_agents([first.port, second.port])
     tracker = Tracker()
     producer = BackgroundProducer(bootstrap, topic, partitions, rate=200)
     producer.start()

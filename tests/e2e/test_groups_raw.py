@@ -26,6 +26,7 @@ from tests.support.groups import (
     request,
     subscription,
     sync,
+    wait_for_agents,
     wait_until,
 )
 
@@ -279,7 +280,7 @@ def test_not_coordinator_on_the_other_agent(start_broker):
     broker = start_broker(agents=2, extra_args=FAST)
     a, b = broker.ports
     ensure_topic(a, "t")
-    wait_until(lambda: len(find_coordinator(a, "x", version=4).coordinators) == 1)
+    wait_for_agents(broker.ports)
     group = group_coordinated_by(broker.ports, b, "ng")
     assert find_coordinator(a, group).port == b
     assert join(a, group).error_code == NOT_COORDINATOR
@@ -289,3 +290,45 @@ def test_not_coordinator_on_the_other_agent(start_broker):
     assert fetch_offsets(a, group, {"t": [0]}, version=1)[1][("t", 0)][3] == NOT_COORDINATOR
     member, _gen = stable_member(b, group)
     assert member
+
+
+def test_each_agent_lists_the_groups_it_coordinates(start_broker):
+    broker = start_broker(agents=2, extra_args=FAST)
+    a, b = broker.ports
+    ensure_topic(a, "t")
+    wait_for_agents(broker.ports)
+    groups = [f"listed-{i}" for i in range(8)]
+    for group in groups:
+        port = int(find_coordinator(a, group).port)
+        assert commit(port, group, -1, "", {("t", 0): 1}) == {("t", 0): NONE}
+    listed = {
+        port: [g.group_id for g in roundtrip(port, request(LIST, 4, states_filter=[])).groups]
+        for port in (a, b)
+    }
+    assert sorted(listed[a] + listed[b]) == groups
+    for port, names in listed.items():
+        assert all(int(find_coordinator(port, g).port) == port for g in names)
+
+
+def test_offsets_of_an_empty_group_expire(start_broker):
+    broker = start_broker(
+        extra_args=[
+            *FAST,
+            "--offsets-retention-minutes",
+            "0.02",  # 1.2 s
+            "--offsets-retention-check-interval-ms",
+            "200",
+        ]
+    )
+    ensure_topic(broker.port, "t")
+    member, gen = stable_member(broker.port, "fleeting")
+    assert commit(broker.port, "fleeting", gen, member, {("t", 0): 3}) == {("t", 0): NONE}
+    time.sleep(1.5)
+    # A group with members keeps its offsets however old they are ...
+    assert fetch_offsets(broker.port, "fleeting", None)[1] != {}
+    roundtrip(broker.port, request(LEAVE, 0, group_id="fleeting", member_id=member))
+    # ... and loses them, and itself, once it has been empty for the retention time.
+    wait_until(lambda: fetch_offsets(broker.port, "fleeting", None)[1] == {}, timeout=10)
+    described = roundtrip(broker.port, request(DESCRIBE, 5, groups=["fleeting"],
+                                               include_authorized_operations=False))  # fmt: skip
+    assert described.groups[0].group_state == "Dead"

@@ -208,6 +208,29 @@ def find_coordinator(port: int, key: str, *, version: int = 3, key_type: int = 0
     )
 
 
+def wait_for_agents(ports: list[int], timeout: float = 20) -> None:
+    """Until every agent lists them all (a Metadata request also renews an agent's view)."""
+
+    def everyone_sees_everyone() -> bool:
+        for port in ports:
+            answer = roundtrip(
+                port,
+                request(
+                    3,
+                    9,
+                    topics=[],
+                    allow_auto_topic_creation=False,
+                    include_cluster_authorized_operations=False,
+                    include_topic_authorized_operations=False,
+                ),
+            )
+            if sorted(b.port for b in answer.brokers) != sorted(ports):
+                return False
+        return True
+
+    wait_until(everyone_sees_everyone, timeout)
+
+
 def coordinator_port(port: int, group: str) -> int:
     return int(find_coordinator(port, group).port)
 
