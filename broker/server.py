@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from broker import stats
 from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.handlers import REGISTRY, load_all
@@ -172,6 +173,7 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
             tg.start_soon(agent.watermark_loop)
             tg.start_soon(agent.transaction_timeout_loop)
             tg.start_soon(agent.groups.run)
+            tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
             tg.start_soon(_stop_on_signals, tg.cancel_scope)
 
             async def serve_client(stream: anyio.abc.SocketStream) -> None:

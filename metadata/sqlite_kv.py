@@ -298,6 +298,8 @@ class SQLiteKV:
         self._limiter = anyio.CapacityLimiter(pool_size)
         self._schema_ready = False
         self._schema_guard = threading.Lock()
+        # Counters for benchmarks; plain ints updated under the GIL.
+        self.stats: dict[str, int] = {"commits": 0, "reads": 0, "retries": 0}
 
     @property
     def path(self) -> str:
@@ -338,6 +340,7 @@ class SQLiteKV:
             try:
                 return self._attempt(fn, make_tx, deadline)
             except _Retry as exc:
+                self.stats["retries"] += 1
                 pause = delay / 2 + random.uniform(0.0, delay / 2)
                 if time.monotonic() + pause > deadline:
                     raise KVError(
@@ -392,6 +395,7 @@ class SQLiteKV:
                 # A failed COMMIT leaves the transaction open (BUSY) or already undone.
                 broken = not self._rollback(conn)
                 raise _wrap(exc) from exc
+            self.stats["commits" if write else "reads"] += 1
             return result
         finally:
             if locked:

@@ -1,0 +1,61 @@
+"""The agent's counters, written once a second to `<data-dir>/stats-<port>.json`.
+
+For benchmarks and operators: objects PUT and GET, cache hits, flushes, metadata
+transactions. The file is replaced atomically (write, then rename), only when a counter
+changed, so a reader never sees half of it; writing it costs one small file per second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import anyio
+
+log = logging.getLogger(__name__)
+
+INTERVAL_SECONDS = 1.0
+
+
+def snapshot(agent: Any) -> dict[str, Any]:
+    """Every counter of the agent, as plain JSON values."""
+    return {
+        "pipeline": dataclasses.asdict(agent.pipeline.stats),
+        "store": dict(getattr(agent.store, "stats", {})),
+        "cache": dict(agent.cache.stats),
+        "reader": dict(agent.reader.stats),
+        "metadata": dict(getattr(agent.kv, "stats", {})),
+    }
+
+
+def stats_path(data_dir: str, port: int) -> str:
+    return os.path.join(data_dir, f"stats-{port}.json")
+
+
+def _write(path: str, body: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(body, f)
+    os.replace(tmp, path)
+
+
+async def stats_loop(agent: Any, path: str, interval: float = INTERVAL_SECONDS) -> None:
+    """Write the counters to `path` every `interval` seconds while they change."""
+    last: dict[str, Any] | None = None
+    warned = False
+    while True:
+        counters = snapshot(agent)
+        if counters != last:
+            body = {"pid": os.getpid(), "node_id": agent.node_id, "time": time.time(), **counters}
+            try:
+                _write(path, body)
+                last = counters
+            except OSError as exc:  # a full or read-only disk must not stop the agent
+                if not warned:
+                    log.warning("cannot write %s: %s", path, exc)
+                    warned = True
+        await anyio.sleep(interval)
