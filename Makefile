@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint unit kcat clean
+.PHONY: run test lint unit kcat clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 test: $(STAMP) kcat lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Apache Kafka vs bucketlog on this machine (~15 min); not part of `make test`.
+bench: $(STAMP)
+	$(BIN)/python integration/bench/run.py
 
 clean:
 	rm -rf $(VENV) bucketlog-data

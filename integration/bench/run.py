@@ -1,0 +1,754 @@
+"""Benchmarks: Apache Kafka and bucketlog on the same machine, the same workloads.
+
+Usage: integration/bench/run.py [--systems kafka,bucketlog-1,bucketlog-2] [--runs 2]
+                                [--scale 1.0] [--out integration/bench/results]
+
+Starts each system in turn (Apache Kafka single-node KRaft from the Maven jars, then
+`bucketlog serve --agents 1`, then `--agents 2`, each in a fresh temp dir, listening on
+127.0.0.1 only), runs every workload `--runs` times against it, stops it, and writes
+`results/<date>.md` and `.json`. Every child process has a deadline.
+
+Broker cost: CPU seconds (utime + stime of the broker's process tree, from /proc) per GB
+moved, peak RSS (sum of VmHWM over the tree). bucketlog's object PUTs, GETs and
+metadata transactions come from the `stats-<port>.json` files each agent writes under
+its data dir once a second (see broker/stats.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+INTEGRATION = HERE.parent
+REPO = INTEGRATION.parent
+BIN = INTEGRATION / "bin"
+VENV_BIN = Path(sys.executable).parent
+
+RECORD_SIZE = 1024
+BATCH_SIZE = 262144  # producer batch.size in bytes (the Java default is 16 KiB)
+LINGER_MS = 5
+TOOL_TIMEOUT = 180  # seconds any one tool run may take
+KAFKA_HEAP = "-Xmx1G -Xms1G"  # kafka-server-start.sh's default
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def proc_tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    total = 0
+    for pid in proc_tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLK_TCK
+
+
+def tree_peak_rss_mb(root: int) -> float:
+    total = 0
+    for pid in proc_tree(root):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def run_tool(argv: list[str], timeout: float = TOOL_TIMEOUT) -> str:
+    env = dict(os.environ, KAFKA_HEAP_OPTS="-Xmx512m")
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p.stdout
+
+
+# -- systems -----------------------------------------------------------------------------
+
+
+class System:
+    name = ""
+    bootstrap = ""
+    root_pid = 0
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def counters(self) -> dict[str, int] | None:
+        return None
+
+
+class Kafka(System):
+    def __init__(self) -> None:
+        self.name = "kafka"
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
+        self.port, self.controller = free_port(), free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        props = self.dir / "server.properties"
+        # Everything not listed keeps Kafka's default, log.flush.* included.
+        props.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@127.0.0.1:{self.controller}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    "controller.listener.names=CONTROLLER",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    f"log.dirs={self.dir / 'logs'}",
+                    "offsets.topic.replication.factor=1",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "share.coordinator.state.topic.min.isr=1",
+                ]
+            )
+            + "\n"
+        )
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        run_tool([str(BIN / "kafka-storage"), "format", "-t", cluster_id, "-c", str(props)])
+        env = dict(os.environ, KAFKA_HEAP_OPTS=KAFKA_HEAP)
+        self.log = open(self.dir / "server.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(BIN / "kafka-server-start"), str(props)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.root_pid = self.proc.pid
+        wait_port(self.port, time.monotonic() + 60)
+        admin_ready(self.bootstrap)
+
+    def stop(self) -> None:
+        stop_proc(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Bucketlog(System):
+    def __init__(self, agents: int) -> None:
+        self.name = f"bucketlog-{agents}"
+        self.agents = agents
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-bucketlog-"))
+        self.port = free_port()
+        while any(not port_free(self.port + i) for i in range(agents)):
+            self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log = open(self.dir / "server.log", "wb")
+        self.proc = subprocess.Popen(
+            [
+                str(VENV_BIN / "bucketlog"),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--agents",
+                str(self.agents),
+                "--data-dir",
+                str(self.dir / "data"),
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.root_pid = self.proc.pid
+        for i in range(self.agents):
+            wait_port(self.port + i, time.monotonic() + 60)
+        admin_ready(self.bootstrap)
+
+    def stop(self) -> None:
+        stop_proc(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def counters(self) -> dict[str, int]:
+        """Sum of every agent's counters, as of their last write (at most 1 s old)."""
+        total: dict[str, int] = {}
+        for i in range(self.agents):
+            path = self.dir / "data" / f"stats-{self.port + i}.json"
+            try:
+                body = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            for group in ("pipeline", "store", "cache", "reader", "metadata"):
+                for k, v in body.get(group, {}).items():
+                    total[f"{group}.{k}"] = total.get(f"{group}.{k}", 0) + int(v)
+        return total
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def stop_proc(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        for pid in reversed(proc_tree(proc.pid)):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        proc.wait(timeout=10)
+
+
+def admin_ready(bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            md = admin.list_topics(timeout=5)
+            if md.brokers:
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{bootstrap} never answered Metadata")
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1)], request_timeout=60
+    )
+    futures[name].result(timeout=90)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until every partition has a leader
+        md = admin.list_topics(name, timeout=10).topics.get(name)
+        if md is not None and md.error is None and len(md.partitions) == partitions:
+            if all(p.leader >= 0 for p in md.partitions.values()):
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"topic {name} has no leaders")
+
+
+# -- workloads ---------------------------------------------------------------------------
+
+PERF_RE = re.compile(
+    r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
+    r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th"
+)
+
+
+def producer_perf(
+    bootstrap: str, topic: str, records: int, compression: str, throughput: int = -1
+) -> dict[str, float]:
+    out = run_tool(
+        [
+            str(BIN / "kafka-producer-perf-test"),
+            "--topic",
+            topic,
+            "--num-records",
+            str(records),
+            "--record-size",
+            str(RECORD_SIZE),
+            "--throughput",
+            str(throughput),
+            "--producer-props",
+            f"bootstrap.servers={bootstrap}",
+            "acks=all",
+            f"batch.size={BATCH_SIZE}",
+            f"linger.ms={LINGER_MS}",
+            f"compression.type={compression}",
+        ]
+    )
+    matches = PERF_RE.findall(out)
+    if not matches:
+        raise RuntimeError(f"no summary in producer perf output: {out[-500:]}")
+    sent, rps, mbps, _avg, mx, p50, _p95, p99 = (float(x) for x in matches[-1])
+    return {
+        "records": sent,
+        "records_s": rps,
+        "mb_s": mbps,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "max_ms": mx,
+    }
+
+
+def producers_perf(
+    bootstrap: str, topic: str, producers: int, records: int, compression: str, throughput: int = -1
+) -> dict[str, float]:
+    """`producers` perf tools at once; throughput is the sum, latency the worst."""
+    results: list[dict[str, float]] = []
+    errors: list[BaseException] = []
+    start = time.monotonic()
+
+    def one() -> None:
+        try:
+            results.append(
+                producer_perf(bootstrap, topic, records // producers, compression, throughput)
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TOOL_TIMEOUT + 10)
+    if errors:
+        raise errors[0]
+    wall = time.monotonic() - start
+    return {
+        "records": sum(r["records"] for r in results),
+        "records_s": sum(r["records_s"] for r in results),
+        "mb_s": sum(r["mb_s"] for r in results),
+        "p50_ms": statistics.median(r["p50_ms"] for r in results),
+        "p99_ms": max(r["p99_ms"] for r in results),
+        "max_ms": max(r["max_ms"] for r in results),
+        "wall_s": wall,
+    }
+
+
+def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    out = run_tool(
+        [
+            str(BIN / "kafka-consumer-perf-test"),
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            topic,
+            "--num-records",
+            str(records),
+            "--timeout",
+            "60000",
+        ]
+    )
+    lines = [line for line in out.splitlines() if line.strip() and line[0].isdigit()]
+    if not lines:
+        raise RuntimeError(f"no summary in consumer perf output: {out[-500:]}")
+    f = [x.strip() for x in lines[-1].split(",")]
+    # start, end, MB, MB/s, nMsg, nMsg/s, rebalance ms, fetch ms, fetch MB/s, fetch nMsg/s
+    return {"records": float(f[4]), "mb_s": float(f[8]), "records_s": float(f[9])}
+
+
+def python_workload(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    """confluent-kafka: produce `records` 1 KiB records (acks=all, linger 5 ms), consume them."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    payload = os.urandom(RECORD_SIZE)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": LINGER_MS,
+            "batch.size": 1048576,
+        }
+    )
+    failed = [0]
+
+    def report(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed[0] += 1
+
+    start = time.monotonic()
+    deadline = start + TOOL_TIMEOUT
+    for _ in range(records):
+        while True:
+            try:
+                producer.produce(topic, payload, partition=0, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+                if time.monotonic() > deadline:
+                    raise RuntimeError("python produce timed out") from None
+        producer.poll(0)
+    if producer.flush(TOOL_TIMEOUT) != 0 or failed[0]:
+        raise RuntimeError(f"python produce: {failed[0]} failed")
+    produce_s = time.monotonic() - start
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-{topic}", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    start = time.monotonic()
+    deadline = start + TOOL_TIMEOUT
+    while got < records and time.monotonic() < deadline:
+        for m in consumer.consume(10000, 1.0):
+            if m.error() is None:
+                got += 1
+    consume_s = time.monotonic() - start
+    consumer.close()
+    mb = records * RECORD_SIZE / 1e6
+    return {
+        "records": records,
+        "produce_mb_s": mb / produce_s,
+        "produce_records_s": records / produce_s,
+        "consume_mb_s": got * RECORD_SIZE / 1e6 / consume_s,
+        "consume_records_s": got / consume_s,
+    }
+
+
+def end_to_end(bootstrap: str, topic: str, rate: int, seconds: float) -> dict[str, float]:
+    """A tailing consumer sees records produced at `rate`/s; latency = seen - sent."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{topic}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 500,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, -1)])  # the end: a tailing consumer
+    e2e: list[float] = []
+    acks: list[float] = []
+    stop = threading.Event()
+
+    def tail() -> None:
+        while not stop.is_set():
+            # poll, not consume(n, timeout): consume waits for n records or the timeout.
+            m = consumer.poll(0.2)
+            if m is not None and m.error() is None:
+                e2e.append(time.time() - int.from_bytes(m.value()[:8], "big") / 1e9)
+
+    t = threading.Thread(target=tail)
+    t.start()
+    time.sleep(2)  # the consumer has its assignment and is polling the end
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": LINGER_MS})
+    pad = b"x" * (RECORD_SIZE - 8)
+    n = int(rate * seconds)
+    start = time.monotonic()
+    for i in range(n):
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            producer.poll(delay)
+        sent = time.time()
+
+        def ack(err: Any, _msg: Any, sent: float = sent) -> None:
+            if err is None:
+                acks.append(time.time() - sent)
+
+        producer.produce(
+            topic, time.time_ns().to_bytes(8, "big") + pad, partition=0, on_delivery=ack
+        )
+    producer.flush(30)
+    deadline = time.monotonic() + 10
+    while len(e2e) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    t.join(10)
+    consumer.close()
+    if not e2e or not acks:
+        raise RuntimeError("end-to-end: nothing arrived")
+    return {
+        "records": n,
+        "seen": len(e2e),
+        "e2e_p50_ms": pct(e2e, 50) * 1000,
+        "e2e_p99_ms": pct(e2e, 99) * 1000,
+        "produce_p50_ms": pct(acks, 50) * 1000,
+        "produce_p99_ms": pct(acks, 99) * 1000,
+    }
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * p / 100))]
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+def measure(system: System, megabytes: float, fn: Any) -> dict[str, Any]:
+    """Run fn(); add broker CPU s/GB and, for bucketlog, request counts per GB and per s."""
+    time.sleep(1.2)  # counters of the previous workload are on disk
+    before_cpu, before = tree_cpu_seconds(system.root_pid), system.counters()
+    start = time.monotonic()
+    result: dict[str, Any] = fn()
+    wall = time.monotonic() - start
+    cpu = tree_cpu_seconds(system.root_pid) - before_cpu
+    gb = megabytes / 1000
+    result["broker_cpu_s"] = round(cpu, 2)
+    result["broker_cpu_s_per_gb"] = round(cpu / gb, 1) if gb else None
+    result["wall_s"] = round(wall, 2)
+    if before is not None:
+        time.sleep(1.2)
+        after = system.counters() or {}
+        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        for name, key in (
+            ("puts", "store.puts"),
+            ("gets", "store.gets"),
+            ("metadata_commits", "metadata.commits"),
+            ("metadata_reads", "metadata.reads"),
+            ("cache_reads", "reader.cache_reads"),
+        ):
+            result[name] = delta.get(key, 0)
+            result[f"{name}_per_gb"] = round(delta.get(key, 0) / gb, 1) if gb else None
+            result[f"{name}_per_s"] = round(delta.get(key, 0) / wall, 1)
+    return result
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+        out[key] = round(statistics.median(values), 2) if values else runs[0][key]
+    out["runs"] = runs
+    return out
+
+
+# name, partitions, producers, compression
+PRODUCE_MATRIX = [
+    ("produce-1p-1x-none", 1, 1, "none"),
+    ("produce-1p-1x-zstd", 1, 1, "zstd"),
+    ("produce-64p-1x-none", 64, 1, "none"),
+    ("produce-64p-3x-none", 64, 3, "none"),
+    ("produce-64p-3x-zstd", 64, 3, "zstd"),
+]
+
+
+def bench_system(system: System, runs: int, scale: float, log: Any) -> dict[str, Any]:
+    records = int(150_000 * scale)
+    mb = records * RECORD_SIZE / 1e6
+    results: dict[str, Any] = {}
+    system.start()
+    try:
+        seq = [0]
+
+        def topic(prefix: str, partitions: int) -> str:
+            seq[0] += 1
+            name = f"bench-{prefix}-{seq[0]}"
+            create_topic(system.bootstrap, name, partitions)
+            return name
+
+        def record(name: str, result: dict[str, Any]) -> None:
+            results[name] = result
+            log(
+                f"{system.name} {name}: "
+                + json.dumps({k: v for k, v in result.items() if k != "runs"})
+            )
+
+        consume_topics = []
+        for name, partitions, producers, compression in PRODUCE_MATRIX:
+            rs = []
+            for _ in range(runs):
+                t = topic(name, partitions)
+                rs.append(
+                    measure(
+                        system,
+                        mb,
+                        lambda t=t, n=producers, c=compression: producers_perf(
+                            system.bootstrap, t, n, records, c
+                        ),
+                    )
+                )
+                if name == "produce-1p-1x-none":
+                    consume_topics.append(t)
+            record(name, median_of(rs))
+
+        half = int(results["produce-1p-1x-none"]["records_s"] / 2)
+        rs = []
+        for _ in range(runs):
+            t = topic("half", 1)
+            n = max(half * 10, 1000)  # about ten seconds
+            rs.append(
+                measure(
+                    system,
+                    n * RECORD_SIZE / 1e6,
+                    lambda t=t, n=n: producers_perf(system.bootstrap, t, 1, n, "none", half),
+                )
+            )
+        record("produce-1p-1x-none-half-load", median_of(rs))
+
+        if isinstance(system, Bucketlog):
+            rs = []
+            for _ in range(runs):
+                t = topic("p1000", 1000)
+                rs.append(
+                    measure(
+                        system,
+                        mb,
+                        lambda t=t: producers_perf(system.bootstrap, t, 1, records, "none"),
+                    )
+                )
+            record("produce-1000p-1x-none", median_of(rs))
+
+        rs = []
+        for t in consume_topics:
+            rs.append(measure(system, mb, lambda t=t: consumer_perf(system.bootstrap, t, records)))
+        record("consume-1p", median_of(rs))
+
+        py_records = int(100_000 * scale)
+        rs = []
+        for _ in range(runs):
+            t = topic("python", 1)
+            rs.append(
+                measure(
+                    system,
+                    2 * py_records * RECORD_SIZE / 1e6,
+                    lambda t=t: python_workload(system.bootstrap, t, py_records),
+                )
+            )
+        record("python-confluent-kafka", median_of(rs))
+
+        rate, seconds = 1000, 10 * min(scale, 1.0) + 2
+        rs = []
+        for _ in range(runs):
+            t = topic("e2e", 1)
+            rs.append(
+                measure(
+                    system,
+                    rate * seconds * RECORD_SIZE / 1e6,
+                    lambda t=t: end_to_end(system.bootstrap, t, rate, seconds),
+                )
+            )
+        record("end-to-end-1000-per-s", median_of(rs))
+        results["peak_rss_mb"] = round(tree_peak_rss_mb(system.root_pid), 1)
+    finally:
+        system.stop()
+    return results
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30).stderr
+    return {
+        "nproc": os.cpu_count(),
+        "memory_gb": round(mem_kb / 1024 / 1024, 1),
+        "cpu_model": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "java": java.splitlines()[0] if java else "?",
+        "loadavg_at_start": os.getloadavg(),
+        "kafka": "4.3.1 (Maven jars)",
+        "shared": "other engineers' tests ran on the same machine during the run",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", default="kafka,bucketlog-1,bucketlog-2")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies record counts")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--label", default="", help="suffix of the result file names")
+    args = parser.parse_args()
+
+    started = datetime.datetime.now(datetime.UTC)
+    report: dict[str, Any] = {
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "settings": {
+            "record_size": RECORD_SIZE,
+            "batch_size": BATCH_SIZE,
+            "linger_ms": LINGER_MS,
+            "acks": "all",
+            "records_per_produce_run": int(150_000 * args.scale),
+            "runs": args.runs,
+        },
+        "systems": {},
+    }
+
+    def log(line: str) -> None:
+        print(f"[{datetime.datetime.now():%H:%M:%S}] {line}", flush=True)
+
+    for name in args.systems.split(","):
+        system: System = Kafka() if name == "kafka" else Bucketlog(int(name.split("-")[1]))
+        log(f"starting {name}")
+        try:
+            report["systems"][name] = bench_system(system, args.runs, args.scale, log)
+        except Exception as exc:
+            log(f"{name} failed: {exc!r}")
+            report["systems"][name] = {"error": repr(exc)}
+    report["duration_s"] = round((datetime.datetime.now(datetime.UTC) - started).total_seconds())
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = started.strftime("%Y-%m-%d") + (f"-{args.label}" if args.label else "")
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    sys.path.insert(0, str(HERE))
+    from report import markdown
+
+    (out / f"{stem}.md").write_text(markdown(report))
+    log(f"wrote {out / stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
