@@ -17,7 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.agent import Agent, now_ms
-from metadata import cluster, groups, log, producers, topics, txns
+from metadata import cluster, groups, log, producers, txns
 from metadata.errors import MetadataError
 from protocol.records import build_batch, end_txn_marker
 from storage.ingest import encode_ingest_file, new_object_key
@@ -141,32 +141,8 @@ async def _write_markers(
 def _to_group_offset(agent: Agent) -> txns.OffsetApplier:
     """How a committed transactional offset becomes the group's committed offset."""
 
-    def apply(
-        tr: Any,
-        group: str,
-        topic: str,
-        partition: int,
-        offset: int,
-        leader_epoch: int,
-        metadata: str | None,
-        now: int,
-    ) -> None:
-        found = topics.get_topic(tr, agent.sub, topic)
-        groups.put_offset(
-            tr,
-            agent.sub,
-            group,
-            topic,
-            partition,
-            groups.CommittedOffset(
-                offset,
-                leader_epoch,
-                metadata or "",
-                now,
-                None,
-                found.topic_id if found is not None else b"",
-            ),
-        )
+    def apply(tr: Any, *offset: Any) -> None:
+        groups.apply_offset(tr, agent.sub, *offset)
 
     return apply
 
