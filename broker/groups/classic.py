@@ -30,7 +30,7 @@ import struct
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
@@ -105,6 +105,20 @@ class Member:
     join_waiter: Promise[JoinResult] | None = None
     sync_waiter: Promise[SyncResult] | None = None
     is_new: bool = False
+    # Earlier parked requests of this member, replaced by a newer one: they get its answer
+    # (a client resending on the same connection would otherwise wait behind them).
+    superseded_joins: list[Promise[JoinResult]] = field(default_factory=list)
+    superseded_syncs: list[Promise[SyncResult]] = field(default_factory=list)
+
+    def await_join(self, waiter: Promise[JoinResult] | None) -> None:
+        if self.join_waiter is not None and waiter is not None and waiter is not self.join_waiter:
+            self.superseded_joins.append(self.join_waiter)
+        self.join_waiter = waiter
+
+    def await_sync(self, waiter: Promise[SyncResult]) -> None:
+        if self.sync_waiter is not None and waiter is not self.sync_waiter:
+            self.superseded_syncs.append(self.sync_waiter)
+        self.sync_waiter = waiter
 
     @property
     def awaiting_join(self) -> bool:
@@ -196,7 +210,7 @@ class ClassicGroup:
             self.leader_id = member.member_id
         self.members[member.member_id] = member
         self.supported_protocols.update(member.protocol_names)
-        member.join_waiter = waiter
+        member.await_join(waiter)
         if member.awaiting_join:
             self.awaiting_join_count += 1
         self.pending_join.discard(member.member_id)
@@ -232,7 +246,7 @@ class ClassicGroup:
             self.awaiting_join_count += 1
         elif waiter is None and member.awaiting_join:
             self.awaiting_join_count -= 1
-        member.join_waiter = waiter
+        member.await_join(waiter)
 
     def replace_static_member(self, instance_id: str, old_id: str, new_id: str) -> Member:
         """Hand the instance's place (and assignment) to a new member id; fence the old."""
@@ -352,8 +366,10 @@ class ClassicGroup:
             return False
         member.join_waiter = None
         self.awaiting_join_count -= 1
-        if not waiter.done():
-            waiter.set(result)
+        for w in (*member.superseded_joins, waiter):
+            if not w.done():
+                w.set(result)
+        member.superseded_joins.clear()
         return True
 
     def complete_sync(self, member: Member, result: SyncResult) -> bool:
@@ -361,8 +377,10 @@ class ClassicGroup:
         if waiter is None:
             return False
         member.sync_waiter = None
-        if not waiter.done():
-            waiter.set(result)
+        for w in (*member.superseded_syncs, waiter):
+            if not w.done():
+                w.set(result)
+        member.superseded_syncs.clear()
         return True
 
     def fail_all_waiters(self, error: ErrorCode) -> None:

@@ -910,7 +910,7 @@ class GroupCoordinator:
                     )
                 # CompletingRebalance: park until the leader's assignment is stored.
                 timeout_ms = group.rebalance_timeout_ms()
-                member.sync_waiter = waiter
+                member.await_sync(waiter)
                 group.pending_sync.discard(req.member_id)
                 if not group.pending_sync:
                     self.timer.cancel(("sync", group.group_id))

@@ -663,3 +663,16 @@ async def test_requests_act_on_a_group_in_the_order_they_arrive(h, topic):
     await asyncio.gather(*tasks)
     _error, got = await h.coord.fetch_offsets("g", ["t"])
     assert got[("t", 0)].offset == 20
+
+
+async def test_a_join_sent_again_answers_both(h):
+    first = await h.coord.join(jreq(client="a", require_member_id=True))
+    member_id = first.member_id
+    one = h.start(h.coord.join, jreq(member_id, require_member_id=True))
+    await h.until(lambda: h.group().state is GroupState.PREPARING_REBALANCE)
+    two = h.start(h.coord.join, jreq(member_id, require_member_id=True))
+    await h.until(lambda: len(h.group().members[member_id].superseded_joins) == 1)
+    await h.advance(100)
+    r1, r2 = await one.get(), await two.get()
+    assert r1 == r2 and r1.generation == 1
+    assert h.group().awaiting_join_count == 0
