@@ -28,6 +28,7 @@ class _FieldPlan:
     kafka_type: str | None
     nested: type | None  # entity class of a nested entity or of a tuple's items
     is_tuple: bool
+    optional: bool
 
 
 def _nested_type(hint: Any) -> tuple[type | None, bool]:
@@ -50,8 +51,10 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     hints = typing.get_type_hints(cls)
     plans = []
     for f in dataclasses.fields(cls):
-        nested, is_tuple = _nested_type(hints[f.name])
-        plans.append(_FieldPlan(f.name, f.metadata.get("kafka_type"), nested, is_tuple))
+        hint = hints[f.name]
+        nested, is_tuple = _nested_type(hint)
+        optional = type(None) in typing.get_args(hint)
+        plans.append(_FieldPlan(f.name, f.metadata.get("kafka_type"), nested, is_tuple, optional))
     return tuple(plans)
 
 
@@ -76,7 +79,7 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
         elif plan.kafka_type == "datetime_i64" and isinstance(value, int):
             kwargs[plan.name] = (
                 None
-                if value < 0
+                if value < 0 and plan.optional
                 else datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
             )
         elif plan.kafka_type == "error_code" and not isinstance(value, ErrorCode):

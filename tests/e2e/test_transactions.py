@@ -251,3 +251,58 @@ def test_consume_transform_produce_exactly_once_across_kill_9(txn_broker, tmp_pa
     out = read_all(bs, "output", partitions, "read_committed")
     values = sorted(v for _p, _o, v in out)
     assert values == sorted(b"VALUE-%d" % i for i in range(total))
+
+
+def test_describe_and_list_transactions_and_producers(txn_broker):
+    from kio.index import load_request_schema
+
+    from broker.entities import build
+    from tests.e2e.rawclient import roundtrip
+
+    bs = txn_broker.bootstrap
+    create_topic(bs, "tx-describe", 2)
+    producer = txn_producer(bs, "described", **{"transaction.timeout.ms": 60000})
+    producer.begin_transaction()
+    producer.produce("tx-describe", value=b"open", partition=1)
+    producer.flush(10)
+
+    described = roundtrip(
+        txn_broker.port,
+        build(load_request_schema(65, 0), {"transactional_ids": ["described"]}),
+    ).transaction_states
+    assert described[0].error_code == 0
+    assert described[0].transaction_state == "Ongoing"
+    assert described[0].transaction_timeout.total_seconds() == 60
+    assert [(t.topic, list(t.partitions)) for t in described[0].topics] == [("tx-describe", [1])]
+
+    listed = roundtrip(
+        txn_broker.port,
+        build(
+            load_request_schema(66, 1),
+            {
+                "state_filters": ["Ongoing", "Bogus"],
+                "producer_id_filters": [],
+                "duration_filter": -1,
+            },
+        ),
+    )
+    assert "described" in {t.transactional_id for t in listed.transaction_states}
+    assert all(t.transaction_state == "Ongoing" for t in listed.transaction_states)
+    assert list(listed.unknown_state_filters) == ["Bogus"]
+
+    producers = (
+        roundtrip(
+            txn_broker.port,
+            build(
+                load_request_schema(61, 0),
+                {"topics": [{"name": "tx-describe", "partition_indexes": [0, 1]}]},
+            ),
+        )
+        .topics[0]
+        .partitions
+    )
+    assert list(producers[0].active_producers) == []
+    (active,) = producers[1].active_producers
+    assert active.producer_id == described[0].producer_id
+    assert active.current_txn_start_offset == 0
+    producer.abort_transaction(15)
