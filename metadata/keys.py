@@ -35,6 +35,7 @@ too unless noted.
   (ABORTED, topic_id, partition, marker_offset)    (producer_id, first_offset)
   (TXN_OFFSET, transactional_id, group, topic, p)  (offset, leader_epoch, metadata) pending
                                                     until the transaction commits
+  (TXN_OFFSET_GROUP, group, topic, p, txn id)      b"" -- the same, found by group
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
@@ -70,6 +71,7 @@ TXN = 30
 TXN_OPEN = 31
 ABORTED = 32
 TXN_OFFSET = 33
+TXN_OFFSET_GROUP = 34
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:

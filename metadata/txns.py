@@ -275,6 +275,16 @@ def put_pending_offset(
         sub.key(keys.TXN_OFFSET, transactional_id, group, topic, partition),
         keys.pack_value((offset, leader_epoch, metadata)),
     )
+    tr.set(sub.key(keys.TXN_OFFSET_GROUP, group, topic, partition, transactional_id), b"")
+
+
+def has_pending_offset(
+    tr: ReadTransaction, sub: keys.Subspace, group: str, topic: str, partition: int
+) -> bool:
+    """Whether an open transaction holds an offset for this group and partition (an
+    OffsetFetch that requires stable offsets then answers UNSTABLE_OFFSET_COMMIT)."""
+    begin, end = sub.range(keys.TXN_OFFSET_GROUP, group, topic, partition)
+    return bool(tr.get_range(begin, end, limit=1))
 
 
 def pending_offsets(
@@ -300,7 +310,8 @@ def settle_offsets(
     """At the end of a transaction its pending offsets become group offsets (through
     `apply`, which the group layer provides), or vanish."""
     pending = pending_offsets(tr, sub, txn.transactional_id)
-    if commit and apply is not None:
-        for group, topic, partition, offset, leader_epoch, metadata in pending:
+    for group, topic, partition, offset, leader_epoch, metadata in pending:
+        if commit and apply is not None:
             apply(tr, group, topic, partition, offset, leader_epoch, metadata, now_ms)
+        tr.clear(sub.key(keys.TXN_OFFSET_GROUP, group, topic, partition, txn.transactional_id))
     tr.clear_range(*sub.range(keys.TXN_OFFSET, txn.transactional_id))
