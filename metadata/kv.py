@@ -84,5 +84,8 @@ def open_kv(url: str) -> KV:
         # sqlite:///abs/path.db -> /abs/path.db; sqlite://rel/path.db -> rel/path.db
         return SQLiteKV(url[len("sqlite://") :])
     if url.startswith("fdb://"):
-        raise KVError("the FoundationDB backend is not built into this version")
+        from metadata.fdb_kv import FDBKV
+
+        # fdb:// -> the default cluster file; fdb:///path/to/fdb.cluster[?prefix=NAME]
+        return FDBKV.from_url(url)
     raise KVError(f"unknown metadata URL scheme: {url!r} (expected sqlite:// or fdb://)")
