@@ -8,7 +8,17 @@ import boto3
 import pytest
 
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS, moto_server
+from tests.support import fdb_server
 from tests.support.brokerproc import BrokerProcess, free_ports
+
+
+@pytest.fixture(scope="session")
+def fdb_cluster_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A FoundationDB cluster file: a throwaway local fdbserver, or BUCKETLOG_TEST_FDB_CLUSTER_FILE."""
+    if not fdb_server.available():
+        pytest.skip(fdb_server.FDB_MISSING)
+    with fdb_server.fdb_cluster(tmp_path_factory.mktemp("fdb")) as cluster_file:
+        yield cluster_file
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,7 @@ cannot run here is skipped with the reason why, never silently dropped.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +15,9 @@ import anyio
 import pytest
 
 from metadata.kv import KV, open_kv
+from tests.support.fdb_server import FDB_CLUSTER_FILE_ENV, FDB_MISSING
 
-FDB_MISSING = "FoundationDB client library libfdb_c and fdbserver are not installed on this machine"
-FDB_CLUSTER_FILE_ENV = "BUCKETLOG_TEST_FDB_CLUSTER_FILE"
+__all__ = ["FDB_CLUSTER_FILE_ENV", "FDB_MISSING", "Backend"]
 
 MiB = 1 << 20
 
@@ -39,45 +35,36 @@ class Backend:
         return open_kv(self.url)
 
 
-@functools.cache
-def _fdb_available() -> bool:
-    try:
-        # Importing fdb.impl loads libfdb_c (fdb.tuple alone does not).
-        import fdb.impl  # type: ignore[import-untyped]  # noqa: F401
-    except Exception:
-        return False
-    return shutil.which("fdbserver") is not None or bool(os.environ.get(FDB_CLUSTER_FILE_ENV))
-
-
-def _sqlite_backend(tmp_path: Path) -> Backend:
+def _sqlite_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     # A folder that does not exist yet: the backend must create it.
     path = tmp_path / "metadata" / "kv.sqlite3"
     return Backend("sqlite", f"sqlite://{path}", large_value_size=MiB)
 
 
-def _fdb_backend(tmp_path: Path) -> Backend:
-    if not _fdb_available():
-        pytest.skip(FDB_MISSING)
-    if importlib.util.find_spec("metadata.fdb_kv") is None:
-        pytest.skip("the FoundationDB backend (metadata/fdb_kv.py) is not written yet")
-    cluster_file = os.environ.get(FDB_CLUSTER_FILE_ENV)
-    if not cluster_file:
-        pytest.skip(
-            f"fdbserver is installed but no test cluster is set: set {FDB_CLUSTER_FILE_ENV}"
-        )
-    return Backend("fdb", f"fdb://{cluster_file}", large_value_size=100_000)
+def _fdb_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    # A throwaway local fdbserver (or BUCKETLOG_TEST_FDB_CLUSTER_FILE), started once per
+    # session; skips with FDB_MISSING when libfdb_c or fdbserver is not on this machine.
+    cluster_file = request.getfixturevalue("fdb_cluster_file")
+    # A root of its own, so that a shared test cluster keeps everything else it holds.
+    return Backend(
+        "fdb", f"fdb://{cluster_file}?prefix=bucketlog-kv-tests", large_value_size=100_000
+    )
 
 
-BACKENDS = {"sqlite": _sqlite_backend, "fdb": _fdb_backend}
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
+    "sqlite": _sqlite_backend,
+    "fdb": _fdb_backend,
+}
 
 
 @pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    return BACKENDS[request.param](tmp_path)
+    return BACKENDS[request.param](request, tmp_path)
 
 
 def _clear_all(kv: KV) -> None:
-    # Every test starts from an empty key space (a shared FDB test cluster keeps data).
+    # Every test starts from an empty key space (a shared FDB test cluster keeps data;
+    # on FoundationDB this is the store's own root only).
     kv.transact_sync(lambda tr: tr.clear_range(b"", b"\xff"))
 
 
