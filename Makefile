@@ -25,8 +25,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# The whole suite, then a second configuration: the end-to-end tests again with every
+# broker on the S3 store (a moto server) and SQLite metadata.
 test: $(STAMP) kcat lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e --object-store s3
 
 # Apache Kafka vs bucketlog on this machine (~15 min); not part of `make test`.
 bench: $(STAMP)

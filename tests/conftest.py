@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import boto3
@@ -9,7 +10,26 @@ import pytest
 
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS, moto_server
 from tests.support import fdb_server
-from tests.support.brokerproc import BrokerProcess, free_ports
+from tests.support.brokerproc import BrokerProcess, StoreChoice, free_ports, select_stores
+
+METADATA_ENV = "BUCKETLOG_TEST_METADATA"
+STORAGE_ENV = "BUCKETLOG_TEST_STORAGE"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("bucketlog", "stores of the brokers the tests start")
+    group.addoption(
+        "--metadata-backend",
+        choices=("sqlite", "fdb"),
+        default=os.environ.get(METADATA_ENV) or "sqlite",
+        help=f"metadata store of every broker the tests start [{METADATA_ENV}]",
+    )
+    group.addoption(
+        "--object-store",
+        choices=("local", "s3"),
+        default=os.environ.get(STORAGE_ENV) or "local",
+        help=f"object store of every broker the tests start (s3: a moto server) [{STORAGE_ENV}]",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +39,21 @@ def fdb_cluster_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(fdb_server.FDB_MISSING)
     with fdb_server.fdb_cluster(tmp_path_factory.mktemp("fdb")) as cluster_file:
         yield cluster_file
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _broker_stores(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Start every broker of the session on the stores chosen by the options above."""
+    fdb_cluster, s3_endpoint, unavailable = None, None, None
+    if request.config.getoption("--metadata-backend") == "fdb":
+        if fdb_server.available():
+            fdb_cluster = request.getfixturevalue("fdb_cluster_file")
+        else:
+            unavailable = fdb_server.FDB_MISSING  # the broker tests skip, the rest run
+    if request.config.getoption("--object-store") == "s3":
+        s3_endpoint = request.getfixturevalue("moto_s3")
+    with select_stores(StoreChoice(fdb_cluster, s3_endpoint, unavailable)):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
+
+from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
 
 
 def free_ports(count: int) -> list[int]:
@@ -46,6 +53,61 @@ def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | Non
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+@dataclass(frozen=True)
+class StoreChoice:
+    """The stores of every broker the tests start (set by tests/conftest.py's options).
+
+    All None: each broker keeps the embedded stores in its data dir. Otherwise each data
+    dir gets its own FoundationDB root and S3 prefix, so brokers on different data dirs
+    stay as separate as on the embedded stores, and a restart on the same data dir finds
+    its data again. Arguments a test passes itself come later and win.
+    """
+
+    fdb_cluster_file: str | None = None
+    s3_endpoint_url: str | None = None
+    unavailable: str | None = None  # why the chosen stores cannot run here: skip
+
+    def args(self, data_dir: Path) -> list[str]:
+        tag = "e2e-" + hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+        args: list[str] = []
+        if self.fdb_cluster_file:
+            args += ["--metadata", f"fdb://{self.fdb_cluster_file}?prefix={tag}"]
+        if self.s3_endpoint_url:
+            args += [
+                "--storage",
+                f"s3://{TEST_BUCKET}/{tag}",
+                "--s3-endpoint-url",
+                self.s3_endpoint_url,
+                # These runs test the store, not S3's 250 ms flush policy.
+                "--flush-interval-ms",
+                "5",
+            ]
+        return args
+
+    def env(self) -> dict[str, str]:
+        if not self.s3_endpoint_url:
+            return {}
+        return {
+            **TEST_CREDENTIALS,
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        }
+
+
+_stores = StoreChoice()
+
+
+@contextlib.contextmanager
+def select_stores(choice: StoreChoice) -> Iterator[None]:
+    """Start every BrokerProcess inside the block on `choice`'s stores."""
+    global _stores
+    previous, _stores = _stores, choice
+    try:
+        yield
+    finally:
+        _stores = previous
+
+
 @dataclass
 class BrokerProcess:
     data_dir: Path
@@ -65,6 +127,9 @@ class BrokerProcess:
         return list(range(self.port, self.port + self.agents))
 
     def start(self) -> BrokerProcess:
+        stores = _stores
+        if stores.unavailable:
+            pytest.skip(stores.unavailable)
         self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
         args = [
             sys.executable,
@@ -79,9 +144,10 @@ class BrokerProcess:
             str(self.data_dir),
             "--agents",
             str(self.agents),
+            *stores.args(self.data_dir),
             *self.extra_args,
         ]
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **stores.env(), **self.env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         for port in self.ports:
