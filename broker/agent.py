@@ -74,7 +74,12 @@ class Agent:
         return cls(
             config,
             open_kv(config.resolved_metadata_url),
-            open_store(config.resolved_storage_url, s3_endpoint_url=config.s3_endpoint_url),
+            open_store(
+                config.resolved_storage_url,
+                s3_endpoint_url=config.s3_endpoint_url,
+                s3_region=config.s3_region,
+                s3_addressing_style=config.s3_addressing_style,
+            ),
         )
 
     # -- lifecycle -------------------------------------------------------------------

@@ -50,6 +50,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "object store URL (default file://<data-dir>/objects; or s3://bucket/prefix)",
     ),
     ("s3-endpoint-url", str, None, "S3 endpoint, for S3-compatible stores"),
+    ("s3-region", str, None, "S3 region (default: the AWS chain's, e.g. AWS_REGION)"),
+    (
+        "s3-addressing-style",
+        str,
+        None,
+        "S3 addressing: path, virtual or auto (default: path with --s3-endpoint-url, else auto)",
+    ),
     (
         "flush-interval-ms",
         int,
@@ -126,6 +133,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         metadata_url=args.metadata,
         storage_url=args.storage,
         s3_endpoint_url=args.s3_endpoint_url,
+        s3_region=args.s3_region,
+        s3_addressing_style=args.s3_addressing_style,
         flush_interval_ms=args.flush_interval_ms,
         flush_bytes=args.flush_bytes,
         cluster_name=args.cluster_name,

@@ -31,6 +31,8 @@ class BrokerConfig:
     metadata_url: str | None = None  # default: sqlite:///<data_dir>/metadata.db
     storage_url: str | None = None  # default: file://<data_dir>/objects
     s3_endpoint_url: str | None = None
+    s3_region: str | None = None  # default: the AWS chain's
+    s3_addressing_style: str | None = None  # path, virtual or auto; see storage/s3.py
     flush_interval_ms: int | None = None  # default depends on the store
     flush_bytes: int | None = None
     cluster_name: str = "default"

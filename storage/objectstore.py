@@ -60,7 +60,13 @@ class ObjectStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-def open_store(url: str, *, s3_endpoint_url: str | None = None) -> ObjectStore:
+def open_store(
+    url: str,
+    *,
+    s3_endpoint_url: str | None = None,
+    s3_region: str | None = None,
+    s3_addressing_style: str | None = None,
+) -> ObjectStore:
     """file:///path/to/folder (local folder) or s3://bucket/prefix."""
     if url.startswith("file://"):
         from storage.local import LocalObjectStore
@@ -70,5 +76,11 @@ def open_store(url: str, *, s3_endpoint_url: str | None = None) -> ObjectStore:
         from storage.s3 import S3ObjectStore
 
         bucket, _, prefix = url[len("s3://") :].partition("/")
-        return S3ObjectStore(bucket, prefix, endpoint_url=s3_endpoint_url)
+        return S3ObjectStore(
+            bucket,
+            prefix,
+            endpoint_url=s3_endpoint_url,
+            region=s3_region,
+            addressing_style=s3_addressing_style,
+        )
     raise ObjectStoreError(f"unknown storage URL scheme: {url!r} (expected file:// or s3://)")

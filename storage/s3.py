@@ -11,8 +11,19 @@ Rules:
   412 becomes ObjectExistsError. If botocore had retried that PUT, the 412 may be
   our own earlier attempt having landed (its answer lost): if the object's ETag is
   our MD5, it holds exactly our bytes and the put counts as done.
-- Credentials come from the usual AWS chain; an explicit endpoint_url (MinIO, moto)
-  switches to path-style addressing.
+- Stores without conditional writes: one that answers 501 NotImplemented to
+  If-None-Match gets plain PUTs from then on (logged once); one that ignores the
+  header simply overwrites. Both are safe for bucketlog because every object key is
+  a fresh ULID made by its one writer: no other writer ever puts that key, so an
+  overwrite can only be this writer's own retry of the same bytes. if_absent is a
+  safety net against bugs, not what keeps writers apart.
+- Credentials come from the usual AWS chain (environment, shared config and
+  credentials files, SSO, container and instance roles). The region is `region`,
+  else the chain's (AWS_REGION, the profile). Addressing: `addressing_style` "path"
+  (http://host/bucket/key), "virtual" (http://bucket.host/key) or "auto" (botocore:
+  virtual where the bucket name allows it); by default "path" with an explicit
+  endpoint_url (MinIO, moto: virtual hosts need DNS for every bucket) and "auto" on
+  AWS.
 """
 
 from __future__ import annotations
@@ -53,6 +64,8 @@ _T = TypeVar("_T")
 _BODY_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError)
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+
 
 class S3ObjectStore:
     """Objects in an S3 bucket under a key prefix."""
@@ -64,6 +77,7 @@ class S3ObjectStore:
         *,
         endpoint_url: str | None = None,
         region: str | None = None,
+        addressing_style: str | None = None,
         max_concurrency: int = 16,
         max_attempts: int = 8,
         connect_timeout: float = 5.0,
@@ -76,13 +90,21 @@ class S3ObjectStore:
         self.prefix = prefix + "/" if prefix else ""
         self.max_attempts = max_attempts
         self.list_page_size = list_page_size
+        if addressing_style is None:
+            addressing_style = "path" if endpoint_url else "auto"
+        if addressing_style not in ADDRESSING_STYLES:
+            raise ValueError(
+                f"S3 addressing style must be one of {ADDRESSING_STYLES}, not {addressing_style!r}"
+            )
+        # False once the store said it does not implement If-None-Match.
+        self.conditional_writes = True
         if client is None:
             config = Config(
                 retries={"mode": "standard", "total_max_attempts": max_attempts},
                 max_pool_connections=max_concurrency,
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
-                s3={"addressing_style": "path"} if endpoint_url else {},
+                s3={"addressing_style": addressing_style},
             )
             # A session per store: boto3's default session is not thread-safe to create.
             client = boto3.session.Session().client(
@@ -140,8 +162,9 @@ class S3ObjectStore:
     # The methods below run in worker threads.
 
     def _put(self, key: str, data: bytes, if_absent: bool) -> None:
-        extra = {"IfNoneMatch": "*"} if if_absent else {}
         for attempt in range(1, self.max_attempts + 1):
+            conditional = if_absent and self.conditional_writes
+            extra = {"IfNoneMatch": "*"} if conditional else {}
             try:
                 self._client.put_object(
                     Bucket=self.bucket, Key=self.prefix + key, Body=data, **extra
@@ -149,6 +172,15 @@ class S3ObjectStore:
                 return
             except ClientError as exc:
                 code, status = _error_code(exc), _status(exc)
+                if conditional and (code == "NotImplemented" or status == 501):
+                    # Safe without the condition: object keys are unique per writer.
+                    log.warning(
+                        "%r does not implement conditional writes (If-None-Match); "
+                        "writing new objects with plain PUTs",
+                        self,
+                    )
+                    self.conditional_writes = False
+                    continue
                 if code == "PreconditionFailed" or status == 412:
                     if _retry_attempts(exc) and self._holds(key, data):
                         return

@@ -77,7 +77,13 @@ def _answers(url: str) -> bool:
         return False
 
 
-FAULTS = ("fault-slowdown", "fault-lost-put", "fault-conflict", "fault-cut-body")
+FAULTS = (
+    "fault-slowdown",
+    "fault-lost-put",
+    "fault-conflict",
+    "fault-cut-body",
+    "fault-no-conditional",
+)
 
 
 def _error(status: str, code: str) -> tuple[str, list[tuple[str, str]], bytes]:
@@ -92,6 +98,8 @@ def _test_server_app(app: Callable[..., Iterable[bytes]]) -> Callable[..., Itera
     fault-slowdown answers 503 SlowDown; fault-lost-put stores the object but answers
     500, as when a response is lost; fault-conflict answers 409
     ConditionalRequestConflict; fault-cut-body sends half the body and hangs up.
+    fault-no-conditional answers every PUT with If-None-Match 501 NotImplemented, like a
+    store without conditional writes.
     """
     lock = threading.Lock()
     seen: set[tuple[str, str]] = set()
@@ -102,7 +110,9 @@ def _test_server_app(app: Callable[..., Iterable[bytes]]) -> Callable[..., Itera
         with lock:
             first = fault is not None and (method, path) not in seen
             seen.add((method, path))
-        if first and fault == "fault-slowdown":
+        if fault == "fault-no-conditional" and method == "PUT" and "HTTP_IF_NONE_MATCH" in environ:
+            status, headers, body = _error("501 Not Implemented", "NotImplemented")
+        elif first and fault == "fault-slowdown":
             status, headers, body = _error("503 Slow Down", "SlowDown")
         elif first and fault == "fault-conflict" and method == "PUT":
             status, headers, body = _error("409 Conflict", "ConditionalRequestConflict")
