@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint unit kcat clean bench
+.PHONY: run test lint unit kcat maven jars clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -20,6 +20,21 @@ kcat:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
 
+# Java and Maven, for Spark's Kafka connector and Apache Kafka's tools (tests/integration).
+maven:
+	@{ command -v mvn && command -v java; } >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq maven; }
+
+# The jars of integration/pom.xml, from Maven Central into integration/.cache/jars (once;
+# again when the pom or the script changes).
+JARS_STAMP := integration/.cache/jars/.fetched
+$(JARS_STAMP): integration/pom.xml integration/fetch-jars.sh | $(STAMP) maven
+	PYTHON=$(BIN)/python integration/fetch-jars.sh
+	touch $@
+
+jars: $(JARS_STAMP)
+
 lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check .
@@ -27,7 +42,7 @@ lint: $(STAMP)
 
 # The whole suite, then a second configuration: the end-to-end tests again with every
 # broker on the S3 store (a moto server) and SQLite metadata.
-test: $(STAMP) kcat lint
+test: $(STAMP) kcat jars lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e --object-store s3
 
