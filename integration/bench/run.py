@@ -6,7 +6,8 @@ Usage: integration/bench/run.py [--systems kafka,bucketlog-1,bucketlog-2] [--run
 Starts each system in turn (Apache Kafka single-node KRaft from the Maven jars, then
 `bucketlog serve --agents 1`, then `--agents 2`, each in a fresh temp dir, listening on
 127.0.0.1 only), runs every workload `--runs` times against it, stops it, and writes
-`results/<date>.md` and `.json`. Every child process has a deadline.
+`results/<date>.md` and `.json`. Every child process has a deadline. The Kafka classes
+run as integration/bin/kafka-run-class runs them, from a private copy of the jars.
 
 Broker cost: CPU seconds (utime + stime of the broker's process tree, from /proc) per GB
 moved, peak RSS (sum of VmHWM over the tree). bucketlog's object PUTs, GETs and
@@ -38,7 +39,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 INTEGRATION = HERE.parent
 REPO = INTEGRATION.parent
-BIN = INTEGRATION / "bin"
 VENV_BIN = Path(sys.executable).parent
 
 RECORD_SIZE = 1024
@@ -112,9 +112,34 @@ def tree_peak_rss_mb(root: int) -> float:
     return total / 1024
 
 
+_JARS: list[Path] = []
+
+
+def kafka_class(main_class: str, heap: str = "-Xmx512m") -> list[str]:
+    """A java command line for one Kafka class (what integration/bin/kafka-run-class runs).
+
+    The jars are copied once per benchmark run, so a concurrent refresh of
+    integration/.cache/jars cannot pull them away mid-run.
+    """
+    if not _JARS:
+        source = INTEGRATION / ".cache" / "jars" / "kafka"
+        if not source.is_dir():
+            subprocess.run([str(INTEGRATION / "fetch-jars.sh"), "kafka"], check=True, timeout=900)
+        copy = Path(tempfile.mkdtemp(prefix="bench-jars-")) / "kafka"
+        shutil.copytree(source, copy)
+        _JARS.append(copy)
+    return [
+        os.environ.get("JAVA", "java"),
+        *heap.split(),
+        f"-Dlog4j2.configurationFile={INTEGRATION / 'log4j2.properties'}",
+        "-cp",
+        f"{_JARS[0]}/*",
+        main_class,
+    ]
+
+
 def run_tool(argv: list[str], timeout: float = TOOL_TIMEOUT) -> str:
-    env = dict(os.environ, KAFKA_HEAP_OPTS="-Xmx512m")
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{argv[0]} failed ({p.returncode}): {p.stderr[-2000:]}")
     return p.stdout
@@ -168,14 +193,14 @@ class Kafka(System):
             + "\n"
         )
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        run_tool([str(BIN / "kafka-storage"), "format", "-t", cluster_id, "-c", str(props)])
-        env = dict(os.environ, KAFKA_HEAP_OPTS=KAFKA_HEAP)
+        run_tool(
+            [*kafka_class("kafka.tools.StorageTool"), "format", "-t", cluster_id, "-c", str(props)]
+        )
         self.log = open(self.dir / "server.log", "wb")
         self.proc = subprocess.Popen(
-            [str(BIN / "kafka-server-start"), str(props)],
+            [*kafka_class("kafka.Kafka", KAFKA_HEAP), str(props)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env=env,
         )
         self.root_pid = self.proc.pid
         wait_port(self.port, time.monotonic() + 60)
@@ -312,7 +337,7 @@ def producer_perf(
 ) -> dict[str, float]:
     out = run_tool(
         [
-            str(BIN / "kafka-producer-perf-test"),
+            *kafka_class("org.apache.kafka.tools.ProducerPerformance"),
             "--topic",
             topic,
             "--num-records",
@@ -381,7 +406,7 @@ def producers_perf(
 def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     out = run_tool(
         [
-            str(BIN / "kafka-consumer-perf-test"),
+            *kafka_class("org.apache.kafka.tools.ConsumerPerformance"),
             "--bootstrap-server",
             bootstrap,
             "--topic",
@@ -747,6 +772,8 @@ def main() -> int:
 
     (out / f"{stem}.md").write_text(markdown(report))
     log(f"wrote {out / stem}.md and .json")
+    for jars in _JARS:
+        shutil.rmtree(jars.parent, ignore_errors=True)
     return 0
 
 
