@@ -6,6 +6,12 @@ flush uploads one ingest file (if-absent) and then commits it in one metadata
 transaction. Uploads may overlap; commits happen strictly in flush order, so a
 producer's pipelined requests keep their order. No batch is answered before its object
 is durable and its commit is done.
+
+Group commit: one committer task commits every uploaded flush that is next in flush
+order, all in one metadata transaction (each file still gets its own `commit_ingest`).
+While a transaction runs, the flushes uploaded meanwhile wait and go together in the
+next one, so commits never queue one behind the other. If that transaction fails,
+every flush in it is answered KAFKA_STORAGE_ERROR (nothing of it is acked).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from kio.schema.errors import ErrorCode
@@ -37,6 +44,16 @@ class _Queued:
     data: bytes
     view: RecordBatchView
     promise: Promise[AppendResult]
+
+
+@dataclass(slots=True)
+class _Uploaded:
+    """One flush whose object is durable, waiting for its turn to be committed."""
+
+    key: str
+    size: int
+    pending: list[PendingBatch]
+    outcome: Promise[list[AppendResult]]
 
 
 @dataclass(slots=True)
@@ -76,8 +93,11 @@ class IngestPipeline:
         self._oldest = 0.0
         self._arrived = anyio.Event()
         self._full = anyio.Event()
-        self._last_commit_done = anyio.Event()
-        self._last_commit_done.set()
+        # Flush order: run() numbers flushes; the committer takes them in that order.
+        self._next_flush = 0
+        self._next_commit = 0
+        self._uploaded: dict[int, _Uploaded | None] = {}  # None: the upload failed
+        self._upload_done = anyio.Event()
         self.stats = PipelineStats()
 
     async def append(
@@ -97,6 +117,7 @@ class IngestPipeline:
     async def run(self) -> None:
         """The flusher loop; runs for the life of the agent in its root task group."""
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._committer)
             while True:
                 await self._arrived.wait()
                 deadline = self._oldest + self._interval
@@ -111,22 +132,30 @@ class IngestPipeline:
                 self._buffered_bytes = 0
                 self._arrived = anyio.Event()
                 self._full = anyio.Event()
-                previous, mine = self._last_commit_done, anyio.Event()
-                self._last_commit_done = mine
-                tg.start_soon(self._flush, items, previous, mine)
+                seq, self._next_flush = self._next_flush, self._next_flush + 1
+                tg.start_soon(self._flush, items, seq)
 
-    async def _flush(self, items: list[_Queued], previous: anyio.Event, mine: anyio.Event) -> None:
+    async def _flush(self, items: list[_Queued], seq: int) -> None:
+        uploaded: _Uploaded | None = None
+        order: list[int] = []
         try:
-            results = await self._upload_and_commit(items, previous)
-        except Exception as exc:  # the store or the metadata store failed: nothing is acked
-            log.warning("flush of %d batches failed: %s", len(items), exc)
-            self.stats.failed_flushes += 1
-            results = [AppendResult(ErrorCode.kafka_storage_error)] * len(items)
+            try:
+                uploaded, order = await self._upload(items)
+            except Exception as exc:  # the store failed: nothing is acked
+                log.warning("upload of %d batches failed: %s", len(items), exc)
+                self.stats.failed_flushes += 1
+            finally:
+                # Even a failed upload takes its turn, so later flushes are not held back.
+                self._uploaded[seq] = uploaded
+                self._upload_done.set()
+            if uploaded is None:
+                results = [AppendResult(ErrorCode.kafka_storage_error)] * len(items)
+            else:
+                committed = await uploaded.outcome.wait()
+                results = [AppendResult(ErrorCode.unknown_server_error)] * len(items)
+                for i, result in zip(order, committed, strict=True):
+                    results[i] = result
         finally:
-            # A failed flush must not let the next one commit before the previous one.
-            with anyio.CancelScope(shield=True):
-                await previous.wait()
-            mine.set()
             self._flush_slots.release()
         touched = set()
         for item, result in zip(items, results, strict=True):
@@ -135,9 +164,8 @@ class IngestPipeline:
         for key in touched:
             self._notifier.notify(key)
 
-    async def _upload_and_commit(
-        self, items: list[_Queued], previous: anyio.Event
-    ) -> list[AppendResult]:
+    async def _upload(self, items: list[_Queued]) -> tuple[_Uploaded, list[int]]:
+        """Write the flush's object; returns it with the item index of each pending batch."""
         # Group per partition, keeping arrival order inside each partition.
         groups: dict[tuple[bytes, int], list[int]] = {}
         for i, item in enumerate(items):
@@ -152,7 +180,7 @@ class IngestPipeline:
         self._cache.put(key, data)
         order: list[int] = []
         pending: list[PendingBatch] = []
-        for ((_tid, _p), idx), location in zip(groups.items(), locations, strict=True):
+        for idx, location in zip(groups.values(), locations, strict=True):
             for i, start in zip(idx, location.batch_starts, strict=True):
                 item = items[i]
                 view = item.view
@@ -171,16 +199,41 @@ class IngestPipeline:
                         transactional=view.is_transactional,
                     )
                 )
-        now_ms = int(self._clock() * 1000)
-        await previous.wait()
-        committed = await self._kv.transact(
-            lambda tr: commit_ingest(tr, self._sub, key, len(data), now_ms, pending)
-        )
         self.stats.flushes += 1
-        self.stats.commits += 1
         self.stats.batches += len(items)
         self.stats.bytes += len(data)
-        results: list[AppendResult] = [AppendResult(ErrorCode.unknown_server_error)] * len(items)
-        for i, result in zip(order, committed, strict=True):
-            results[i] = result
-        return results
+        return _Uploaded(key, len(data), pending, Promise()), order
+
+    async def _committer(self) -> None:
+        """Commit uploaded flushes in flush order, all that are ready in one transaction."""
+        while True:
+            await self._upload_done.wait()
+            self._upload_done = anyio.Event()
+            group: list[_Uploaded] = []
+            while self._next_commit in self._uploaded:
+                uploaded = self._uploaded.pop(self._next_commit)
+                self._next_commit += 1
+                if uploaded is not None:
+                    group.append(uploaded)
+            if not group:
+                continue
+            now_ms = int(self._clock() * 1000)
+
+            def txn(
+                tr: Any, group: list[_Uploaded] = group, now_ms: int = now_ms
+            ) -> list[list[AppendResult]]:
+                return [
+                    commit_ingest(tr, self._sub, u.key, u.size, now_ms, u.pending) for u in group
+                ]
+
+            try:
+                committed = await self._kv.transact(txn)
+            except Exception as exc:  # the metadata store failed: nothing of it is acked
+                log.warning("commit of %d flushes failed: %s", len(group), exc)
+                self.stats.failed_flushes += len(group)
+                for u in group:
+                    u.outcome.set([AppendResult(ErrorCode.kafka_storage_error)] * len(u.pending))
+                continue
+            self.stats.commits += 1
+            for u, results in zip(group, committed, strict=True):
+                u.outcome.set(results)
