@@ -112,12 +112,33 @@ def _select(
         if sel_start >= 0:
             parts.append(
                 rebase_batches(
-                    data[sel_start:sel_end], first_offset, partition_leader_epoch=LEADER_EPOCH
+                    memoryview(data)[sel_start:sel_end],
+                    first_offset,
+                    partition_leader_epoch=LEADER_EPOCH,
                 )
             )
         if full:
             break
     return b"".join(parts), used
+
+
+def _needed(
+    entries: list[log_layer.ChunkEntry], partition_max_bytes: int
+) -> list[log_layer.ChunkEntry]:
+    """The entries `_select` can take from: past the first, up to partition_max_bytes more.
+
+    The first entry may start before the fetch offset, so it does not count; every later
+    one is taken whole or ends the selection, so reading further would be wasted.
+    """
+    out: list[log_layer.ChunkEntry] = []
+    after_first = 0
+    for e in entries:
+        out.append(e)
+        if len(out) > 1:
+            after_first += e.length
+            if after_first >= partition_max_bytes:
+                break
+    return out
 
 
 @api(API_KEY, 4, 17)
@@ -180,8 +201,8 @@ async def handle(request: Any, ctx: Any) -> Any:
             w.aborted = read.aborted
             if not state.log_start_offset <= w.fetch_offset <= state.high_watermark:
                 w.error = ErrorCode.offset_out_of_range
-            w.entries = entries
-            for e in entries:
+            w.entries = _needed(entries, w.partition_max_bytes)
+            for e in w.entries:
                 reads.append((e.object_key, e.start, e.start + e.length))
         blobs = await agent.reader.read_many(reads) if reads else []
         i = 0
