@@ -226,7 +226,8 @@ class Bucketlog(System):
         self.log = open(self.dir / "server.log", "wb")
         self.proc = subprocess.Popen(
             [
-                str(VENV_BIN / "bucketlog"),
+                # BENCH_BUCKETLOG: another command for `bucketlog` (e.g. an older checkout's).
+                *os.environ.get("BENCH_BUCKETLOG", str(VENV_BIN / "bucketlog")).split(),
                 "serve",
                 "--host",
                 "127.0.0.1",
