@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
 
 .PHONY: run test lint unit kcat maven jars clean bench
 
@@ -12,7 +13,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,spark]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# The broker alone (no test or Spark packages): quick on a fresh machine.
+$(RUN_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/bucketlog serve
 
 kcat:
