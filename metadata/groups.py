@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from kio.schema.errors import ErrorCode
 
-from metadata import keys
+from metadata import keys, txns
 from metadata.errors import MetadataError
 from metadata.kv import ReadTransaction, Transaction
 
@@ -373,6 +373,14 @@ def fetch_offsets(
                 raw.append((topic, int(sub.unpack(k)[3]), _offset_from(v)))
     current = _current_topic_ids(tr, sub, (t for t, _p, _o in raw))
     return {(t, p): o for t, p, o in raw if current.get(t) == o.topic_id}
+
+
+def unstable_partitions(
+    tr: ReadTransaction, sub: keys.Subspace, group_id: str, partitions: Iterable[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    """The partitions for which an open transaction holds an offset of the group: an
+    OffsetFetch that requires stable offsets answers them UNSTABLE_OFFSET_COMMIT."""
+    return {(t, p) for t, p in partitions if txns.has_pending_offset(tr, sub, group_id, t, p)}
 
 
 def delete_offsets(

@@ -1120,17 +1120,36 @@ class GroupCoordinator:
         return ErrorCode.none
 
     async def fetch_offsets(
-        self, group_id: str, topics: list[str] | None
-    ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset]]:
+        self,
+        group_id: str,
+        partitions: dict[str, list[int]] | None,
+        *,
+        require_stable: bool = False,
+    ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset], set[tuple[str, int]]]:
+        """OffsetFetch of some partitions (or all, None): the group error, the committed
+        offsets, and -- when stable offsets are required -- the partitions an open
+        transaction holds an offset for (of those asked for, or of those committed)."""
+
+        def read(tr: Any) -> tuple[dict[tuple[str, int], store.CommittedOffset], set[Any]]:
+            offsets = store.fetch_offsets(
+                tr, self.sub, group_id, None if partitions is None else list(partitions)
+            )
+            if not require_stable:
+                return offsets, set()
+            asked = (
+                offsets.keys()
+                if partitions is None
+                else [(t, p) for t, ps in partitions.items() for p in ps]
+            )
+            return offsets, store.unstable_partitions(tr, self.sub, group_id, asked)
+
         try:
             async with self._locked(group_id, claim=False) as slot:
                 await self._claim(slot, group_id, load=False)
-                offsets = await self.kv.read(
-                    lambda tr: store.fetch_offsets(tr, self.sub, group_id, topics)
-                )
+                offsets, unstable = await self.kv.read(read)
         except CoordinatorError as exc:
-            return exc.error, {}
-        return ErrorCode.none, offsets
+            return exc.error, {}, set()
+        return ErrorCode.none, offsets, unstable
 
     async def describe(self, group_id: str) -> DescribedGroup:
         try:

@@ -1,8 +1,9 @@
 """OffsetFetch (v1-v9): a group's committed offsets, of some partitions or (v2+) of all.
 
 v8+ ask for several groups at once. A partition without a committed offset answers -1.
-v1 has no group-level error: it goes on every partition. require_stable (v7+) needs no
-waiting here: transactional offsets are kept apart until their transaction commits.
+v1 has no group-level error: it goes on every partition. With require_stable (v7+) a
+partition for which an open transaction holds an offset is UNSTABLE_OFFSET_COMMIT (the
+client retries), as in Apache Kafka.
 v9's member id and epoch belong to the new consumer protocol and are not checked for
 classic groups, as in Apache Kafka.
 """
@@ -38,11 +39,17 @@ def _partition(index: int, offset: Any, error: ErrorCode = ErrorCode.none) -> di
     }
 
 
+def _stability(topic: str, partition: int, unstable: set[tuple[str, int]]) -> ErrorCode:
+    return ErrorCode.unstable_offset_commit if (topic, partition) in unstable else ErrorCode.none
+
+
 async def _fetch_group(
-    agent: Any, group_id: str, topics: Any, *, error_on_partitions: bool
+    agent: Any, group_id: str, topics: Any, *, require_stable: bool, error_on_partitions: bool
 ) -> dict[str, Any]:
-    wanted = None if topics is None else [t.name for t in topics]
-    error, offsets = await agent.groups.fetch_offsets(group_id, wanted)
+    wanted = None if topics is None else {t.name: list(t.partition_indexes) for t in topics}
+    error, offsets, unstable = await agent.groups.fetch_offsets(
+        group_id, wanted, require_stable=require_stable
+    )
     if error != ErrorCode.none:
         if not error_on_partitions or topics is None:
             return {"group_id": group_id, "error_code": error, "topics": []}
@@ -57,17 +64,26 @@ async def _fetch_group(
                 for t in topics
             ],
         }
+    for key in unstable:
+        offsets.pop(key, None)
     if topics is None:
         by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (topic, partition), offset in sorted(offsets.items()):
-            by_topic.setdefault(topic, []).append(_partition(partition, offset))
+        for topic, partition in sorted({*offsets, *unstable}):
+            by_topic.setdefault(topic, []).append(
+                _partition(
+                    partition,
+                    offsets.get((topic, partition)),
+                    _stability(topic, partition, unstable),
+                )
+            )
         answer = [{"name": t, "partitions": parts} for t, parts in by_topic.items()]
     else:
         answer = [
             {
                 "name": t.name,
                 "partitions": [
-                    _partition(p, offsets.get((t.name, p))) for p in t.partition_indexes
+                    _partition(p, offsets.get((t.name, p)), _stability(t.name, p, unstable))
+                    for p in t.partition_indexes
                 ],
             }
             for t in topics
@@ -80,12 +96,22 @@ async def handle(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
     if ctx.api_version >= 8:
         groups = [
-            await _fetch_group(agent, g.group_id, g.topics, error_on_partitions=False)
+            await _fetch_group(
+                agent,
+                g.group_id,
+                g.topics,
+                require_stable=request.require_stable,
+                error_on_partitions=False,
+            )
             for g in request.groups
         ]
         return build(response_class(request), {"throttle_time": 0, "groups": groups})
     group = await _fetch_group(
-        agent, request.group_id, request.topics, error_on_partitions=ctx.api_version < 2
+        agent,
+        request.group_id,
+        request.topics,
+        require_stable=getattr(request, "require_stable", False),
+        error_on_partitions=ctx.api_version < 2,
     )
     return build(
         response_class(request),

@@ -463,7 +463,7 @@ async def commit(
 async def test_commit_rules_of_classic_groups(h, topic):
     coord = h.coord
     assert await commit(coord, "simple", -1, "", offsets(topic)) == E.none
-    error, got = await coord.fetch_offsets("simple", None)
+    error, got, _unstable = await coord.fetch_offsets("simple", None)
     assert error == E.none and got[("t", 1)].offset == 6
     assert await commit(coord, "nogroup", 3, "m", offsets(topic)) == E.illegal_generation
     assert (
@@ -483,7 +483,7 @@ async def test_commit_rules_of_classic_groups(h, topic):
     h.start(coord.join, jreq(client="c"))
     await h.until(lambda: h.group().state is GroupState.PREPARING_REBALANCE)
     assert await commit(coord, "g", 1, b.member_id, offsets(topic, 50)) == E.none
-    _error, got = await coord.fetch_offsets("g", ["t"])
+    _error, got, _unstable = await coord.fetch_offsets("g", {"t": [0, 1]})
     assert {k: v.offset for k, v in got.items()} == {("t", 0): 50, ("t", 1): 51}
 
 
@@ -602,7 +602,7 @@ async def test_new_coordinator_loads_the_group_and_members_carry_on(h, topic):
     assert group.state is GroupState.STABLE and group.leader_id == joined[0].member_id
     synced = await other.sync(sreq(joined[1].member_id, 1))
     assert synced.assignment == b"assigned-" + joined[1].member_id.encode()
-    assert (await other.fetch_offsets("g", ["t"]))[1][("t", 0)].offset == 77
+    assert (await other.fetch_offsets("g", {"t": [0, 1]}))[1][("t", 0)].offset == 77
     assert await commit(other, "g", 1, joined[1].member_id, offsets(topic)) == E.none
 
 
@@ -638,7 +638,7 @@ async def test_a_stale_coordinator_is_fenced(h, topic):
     assert h.group().generation == 1  # loaded again by the commit above, before generation 2
     assert await commit(h.coord, "g", 1, a.member_id, offsets(topic, 9)) == E.not_coordinator
     assert h.group() is None
-    _e, got = await other.fetch_offsets("g", ["t"])
+    _e, got, _u = await other.fetch_offsets("g", {"t": [0, 1]})
     assert got[("t", 0)].offset == 5
 
 
@@ -661,7 +661,7 @@ async def test_requests_act_on_a_group_in_the_order_they_arrive(h, topic):
         for offset, resolver_ in ((10, slow), (20, resolve))
     ]  # fmt: skip
     await asyncio.gather(*tasks)
-    _error, got = await h.coord.fetch_offsets("g", ["t"])
+    _error, got, _unstable = await h.coord.fetch_offsets("g", {"t": [0, 1]})
     assert got[("t", 0)].offset == 20
 
 
@@ -676,3 +676,16 @@ async def test_a_join_sent_again_answers_both(h):
     r1, r2 = await one.get(), await two.get()
     assert r1 == r2 and r1.generation == 1
     assert h.group().awaiting_join_count == 0
+
+
+async def test_offsets_held_by_an_open_transaction_are_unstable(h, topic):
+    from metadata import txns
+
+    await commit(h.coord, "g", -1, "", offsets(topic))
+    await h.kv.transact(
+        lambda tr: txns.put_pending_offset(tr, SUB, "tx-1", "g", "t", 1, 99, 0, None)
+    )
+    error, got, unstable = await h.coord.fetch_offsets("g", {"t": [0, 1, 2]}, require_stable=True)
+    assert (error, sorted(got), unstable) == (E.none, [("t", 0), ("t", 1)], {("t", 1)})
+    assert (await h.coord.fetch_offsets("g", None, require_stable=True))[2] == {("t", 1)}
+    assert (await h.coord.fetch_offsets("g", None))[2] == set()

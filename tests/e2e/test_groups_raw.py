@@ -33,7 +33,7 @@ from tests.support.groups import (
 NONE, NOT_COORDINATOR, ILLEGAL_GENERATION, INCONSISTENT_PROTOCOL = 0, 16, 22, 23
 INVALID_GROUP_ID, UNKNOWN_MEMBER, INVALID_SESSION_TIMEOUT, REBALANCING = 24, 25, 26, 27
 NON_EMPTY_GROUP, GROUP_NOT_FOUND, MEMBER_ID_REQUIRED, FENCED_INSTANCE = 68, 69, 79, 82
-UNKNOWN_TOPIC, SUBSCRIBED, INVALID_REQUEST, TOO_LARGE = 3, 86, 42, 12
+UNKNOWN_TOPIC, SUBSCRIBED, INVALID_REQUEST, TOO_LARGE, UNSTABLE = 3, 86, 42, 12, 88
 
 FAST = ["--group-initial-rebalance-delay-ms", "0", "--group-min-session-timeout-ms", "500"]
 
@@ -332,3 +332,24 @@ def test_offsets_of_an_empty_group_expire(start_broker):
     described = roundtrip(broker.port, request(DESCRIBE, 5, groups=["fleeting"],
                                                include_authorized_operations=False))  # fmt: skip
     assert described.groups[0].group_state == "Dead"
+
+
+def test_offsets_sent_to_a_transaction_are_unstable_until_it_commits(port):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "tx-g"})
+    producer.init_transactions(30)
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "txg"})
+    try:
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction(
+            [TopicPartition("t", 2, 40)], consumer.consumer_group_metadata(), 30
+        )
+        error, got = fetch_offsets(port, "txg", {"t": [2]}, version=7, require_stable=True)
+        assert (error, got[("t", 2)]) == (NONE, (-1, -1, "", UNSTABLE))
+        # Without require_stable: the last committed offset (none yet), no error.
+        assert fetch_offsets(port, "txg", {"t": [2]}, version=7)[1][("t", 2)] == (-1, -1, "", NONE)
+        producer.commit_transaction(30)
+        assert fetch_offsets(port, "txg", {"t": [2]}, version=9)[1][("t", 2)][:2] == (40, -1)
+    finally:
+        consumer.close()

@@ -161,7 +161,12 @@ def commit(
 
 
 def fetch_offsets(
-    port: int, group: str, partitions: dict[str, list[int]] | None, *, version: int = 9
+    port: int,
+    group: str,
+    partitions: dict[str, list[int]] | None,
+    *,
+    version: int = 9,
+    require_stable: bool = False,
 ) -> tuple[int, dict[tuple[str, int], tuple[int, int, str | None, int]]]:
     """(group error, {(topic, partition): (offset, leader epoch, metadata, error)})."""
     topics = (
@@ -178,7 +183,7 @@ def fetch_offsets(
                 groups=[
                     {"group_id": group, "member_id": None, "member_epoch": -1, "topics": topics}
                 ],
-                require_stable=True,
+                require_stable=require_stable,
             ),
         )
         (group_answer,) = answer.groups
@@ -186,7 +191,9 @@ def fetch_offsets(
     else:
         answer = roundtrip(
             port,
-            request(OFFSET_FETCH, version, group_id=group, topics=topics, require_stable=False),
+            request(
+                OFFSET_FETCH, version, group_id=group, topics=topics, require_stable=require_stable
+            ),
         )
         error, topics_answer = getattr(answer, "error_code", 0), answer.topics
     return int(error), {
