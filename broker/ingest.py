@@ -104,6 +104,13 @@ class IngestPipeline:
         self, topic_id: bytes, partition: int, data: bytes, view: RecordBatchView
     ) -> AppendResult:
         """Queue one validated batch; returns once it is durable and has offsets (or failed)."""
+        return await self.enqueue(topic_id, partition, data, view).wait()
+
+    def enqueue(
+        self, topic_id: bytes, partition: int, data: bytes, view: RecordBatchView
+    ) -> Promise[AppendResult]:
+        """Queue one validated batch now; the promise resolves once it is durable and has
+        offsets (or failed). Batches are committed in the order they are queued."""
         promise: Promise[AppendResult] = Promise()
         if not self._buffer:
             self._oldest = anyio.current_time()
@@ -112,7 +119,7 @@ class IngestPipeline:
         self._buffered_bytes += len(data)
         if self._buffered_bytes >= self._flush_bytes:
             self._full.set()
-        return await promise.wait()
+        return promise
 
     async def run(self) -> None:
         """The flusher loop; runs for the life of the agent in its root task group."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +28,14 @@ from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.handlers import REGISTRY, load_all
 from broker.handlers.errors import error_response
-from broker.sync import Promise
+from broker.sync import Promise, Turnstile
 from protocol.codec import UnsupportedVersion, decode_request, encode_response
 from protocol.framing import ProtocolError, ServerConnection
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
+PRODUCE_KEY = b"\x00\x00"  # api_key 0, the first two bytes of a request frame
 READ_SIZE = 256 * 1024
 
 
@@ -43,13 +46,27 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     peer: str
+    # Produce only: the connection's turnstile and this request's ticket.
+    order: Turnstile | None = None
+    ticket: int = -1
+
+    @asynccontextmanager
+    async def in_order(self) -> AsyncIterator[None]:
+        """Hold this request's turn among the connection's ordered requests."""
+        if self.order is None:
+            yield
+            return
+        async with self.order.turn(self.ticket):
+            yield
 
 
 class _Close(Exception):
     """Answer nothing more on this connection and close it."""
 
 
-async def _handle_frame(agent: Agent, frame: bytes, peer: str) -> bytes | None:
+async def _handle_frame(
+    agent: Agent, frame: bytes, peer: str, order: Turnstile | None = None, ticket: int = -1
+) -> bytes | None:
     try:
         request = decode_request(frame)
     except UnsupportedVersion as exc:
@@ -70,7 +87,9 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str) -> bytes | None:
         raise _Close(
             f"unsupported API key {header.api_key} version {header.api_version} from {peer}"
         )
-    ctx = RequestContext(agent, header.api_version, header.correlation_id, header.client_id, peer)
+    ctx = RequestContext(
+        agent, header.api_version, header.correlation_id, header.client_id, peer, order, ticket
+    )
     try:
         response = await api.handler(body, ctx)
     except Exception:
@@ -94,9 +113,12 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
     receive: MemoryObjectReceiveStream[Promise[bytes | None]]
     send, receive = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
 
-    async def run_one(frame: bytes, slot: Promise[bytes | None]) -> None:
+    produce_order = Turnstile()
+
+    async def run_one(frame: bytes, slot: Promise[bytes | None], ticket: int) -> None:
         try:
-            slot.set(await _handle_frame(agent, frame, peer))
+            order = produce_order if ticket >= 0 else None
+            slot.set(await _handle_frame(agent, frame, peer, order, ticket))
         except _Close as exc:
             slot.fail(exc)
         except Exception as exc:
@@ -136,7 +158,9 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
                             break
                         slot: Promise[bytes | None] = Promise()
                         await send.send(slot)
-                        tg.start_soon(run_one, frame, slot)
+                        # Produce requests queue their batches in arrival order.
+                        ticket = produce_order.take() if frame[:2] == PRODUCE_KEY else -1
+                        tg.start_soon(run_one, frame, slot, ticket)
             # The peer closed its side: answer what is in flight, then close.
     except (anyio.BrokenResourceError, ConnectionError, anyio.ClosedResourceError):
         pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
 import anyio
@@ -67,3 +69,34 @@ class Notifier:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[key]
+
+
+class Turnstile:
+    """Lets tasks through one at a time in the order their tickets were taken.
+
+    A connection takes a ticket for each Produce request as its frame arrives; the
+    handler holds its turn until its batches are queued for a flush, so a producer's
+    pipelined requests reach the log in the order it sent them (as in Kafka, where a
+    connection's requests are handled one after another).
+    """
+
+    def __init__(self) -> None:
+        self._next_ticket = 0
+        self._serving = 0
+        self._changed = anyio.Event()
+
+    def take(self) -> int:
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        return ticket
+
+    @asynccontextmanager
+    async def turn(self, ticket: int) -> AsyncIterator[None]:
+        while self._serving != ticket:
+            await self._changed.wait()
+        try:
+            yield
+        finally:
+            self._serving += 1
+            changed, self._changed = self._changed, anyio.Event()
+            changed.set()

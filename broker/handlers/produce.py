@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from kio.schema.errors import ErrorCode
 
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.sync import Promise
 from metadata.log import AppendResult
 from protocol.records import RecordBatchError, validate_produce_records
 
@@ -43,56 +43,54 @@ async def handle(request: Any, ctx: Any) -> Any:
     order: list[tuple[str, int]] = []
     queued: list[tuple[tuple[str, int], bytes, int, bytes, Any]] = []
 
-    for topic_data in request.topic_data:
-        name = topic_data.name
-        topic = await agent.topic(name)
-        for pdata in topic_data.partition_data:
-            key = (name, pdata.index)
-            order.append(key)
-            if topic is None or not 0 <= pdata.index < topic.partitions:
-                answers[key] = _partition_answer(
-                    pdata.index, AppendResult(ErrorCode.unknown_topic_or_partition)
-                )
-                continue
-            records = pdata.records or b""
-            max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
-            try:
-                view = validate_produce_records(records, ctx.api_version, max_bytes)
-                if view.is_transactional and view.producer_id < 0:
-                    raise RecordBatchError(
-                        ErrorCode.invalid_record, "A transactional batch needs a producer id"
+    # Hold this connection's turn until the batches are queued: a producer's pipelined
+    # requests must reach the log in the order it sent them.
+    promises: list[tuple[tuple[str, int], Promise[AppendResult]]] = []
+    async with ctx.in_order():
+        for topic_data in request.topic_data:
+            name = topic_data.name
+            topic = await agent.topic(name)
+            for pdata in topic_data.partition_data:
+                key = (name, pdata.index)
+                order.append(key)
+                if topic is None or not 0 <= pdata.index < topic.partitions:
+                    answers[key] = _partition_answer(
+                        pdata.index, AppendResult(ErrorCode.unknown_topic_or_partition)
                     )
-            except RecordBatchError as exc:
+                    continue
+                records = pdata.records or b""
+                max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
+                try:
+                    view = validate_produce_records(records, ctx.api_version, max_bytes)
+                    if view.is_transactional and view.producer_id < 0:
+                        raise RecordBatchError(
+                            ErrorCode.invalid_record, "A transactional batch needs a producer id"
+                        )
+                except RecordBatchError as exc:
+                    answers[key] = _partition_answer(
+                        pdata.index, AppendResult(exc.error_code), str(exc) or None
+                    )
+                    continue
+                queued.append((key, topic.topic_id, pdata.index, bytes(records), view))
+
+        # Kafka answers bad partitions first, and then judges what is left as a whole.
+        transactional = any(view.is_transactional for *_rest, view in queued)
+        if transactional and request.transactional_id is None:
+            code = ErrorCode.transactional_id_authorization_failed
+            for key in order:
+                answers[key] = _partition_answer(key[1], AppendResult(code))
+            queued = []
+        elif request.acks not in VALID_ACKS:
+            for key, *_rest in queued:
                 answers[key] = _partition_answer(
-                    pdata.index, AppendResult(exc.error_code), str(exc) or None
+                    key[1], AppendResult(ErrorCode.invalid_required_acks)
                 )
-                continue
-            queued.append((key, topic.topic_id, pdata.index, bytes(records), view))
+            queued = []
+        for key, topic_id, partition, data, view in queued:
+            promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view)))
 
-    # Kafka answers bad partitions first, and then judges what is left as a whole.
-    transactional = any(view.is_transactional for *_rest, view in queued)
-    if transactional and request.transactional_id is None:
-        code = ErrorCode.transactional_id_authorization_failed
-        for key in order:
-            answers[key] = _partition_answer(key[1], AppendResult(code))
-        queued = []
-    elif request.acks not in VALID_ACKS:
-        for key, *_rest in queued:
-            answers[key] = _partition_answer(key[1], AppendResult(ErrorCode.invalid_required_acks))
-        queued = []
-
-    async def append(
-        key: tuple[str, int], topic_id: bytes, partition: int, data: bytes, view: Any
-    ) -> None:
-        result = await agent.pipeline.append(topic_id, partition, data, view)
-        answers[key] = _partition_answer(partition, result)
-
-    if len(queued) == 1:
-        await append(*queued[0])
-    elif queued:
-        async with anyio.create_task_group() as tg:
-            for item in queued:
-                tg.start_soon(append, *item)
+    for key, promise in promises:
+        answers[key] = _partition_answer(key[1], await promise.wait())
 
     if request.acks == 0:
         return None

@@ -300,3 +300,39 @@ def test_duplicates_survive_a_restart(start_broker):
         )
         assert send(c, topic, idempotent_batch(pid, epoch, 2, b"z")) == (ErrorCode.none, 2)
         assert log_of(c, topic) == [(0, b"x"), (1, b"y"), (2, b"z")]
+
+
+def test_pipelined_requests_on_one_connection_keep_their_order(broker, client):
+    """Five requests in flight at once, for a topic whose cached metadata has expired (each
+    lookup waits on the metadata store, and lookups may finish in any order): they must
+    reach the log in the order sent, as Kafka handles a connection's requests one after
+    another."""
+    pid, epoch = init_producer_id(client)
+    for round_ in range(10):
+        topic = f"pipelined-{round_}-{uuid.uuid4().hex[:8]}"
+        with WireClient(broker.bootstrap) as other:
+            metadata(other, [topic])
+        time.sleep(1.2)  # past the agent's topic cache (1 s)
+        requests = [
+            request(
+                0,
+                9,
+                transactional_id=None,
+                acks=-1,
+                timeout=30_000,
+                topic_data=[
+                    {
+                        "name": topic,
+                        "partition_data": [
+                            {"index": 0, "records": idempotent_batch(pid, epoch, seq, b"%d" % seq)}
+                        ],
+                    }
+                ],
+            )
+            for seq in range(5)
+        ]
+        ids = [client.send(r) for r in requests]
+        answers = [client.receive(cid).responses[0].partition_responses[0] for cid in ids]
+        assert [(a.error_code, a.base_offset) for a in answers] == [
+            (ErrorCode.none, seq) for seq in range(5)
+        ], round_
