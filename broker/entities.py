@@ -58,7 +58,13 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     return tuple(plans)
 
 
-def build(cls: type, data: Mapping[str, Any]) -> Any:
+def build(cls: type, data: Mapping[str, Any], *, strict: bool = False) -> Any:
+    """The entity `cls` from `data`; with strict, a key `cls` has no field for is an error
+    (tests use it to catch misspelt fields) instead of being dropped."""
+    if strict:
+        extra = set(data) - {p.name for p in _plan(cls)}
+        if extra:
+            raise TypeError(f"{cls.__qualname__} v{cls.__version__} has no fields {sorted(extra)}")  # type: ignore[attr-defined]
     kwargs: dict[str, Any] = {}
     for plan in _plan(cls):
         if plan.name not in data:
@@ -70,10 +76,11 @@ def build(cls: type, data: Mapping[str, Any]) -> Any:
             kwargs[plan.name] = datetime.timedelta(milliseconds=value)
         elif plan.nested is not None and plan.is_tuple:
             kwargs[plan.name] = tuple(
-                v if not isinstance(v, Mapping) else build(plan.nested, v) for v in value
+                v if not isinstance(v, Mapping) else build(plan.nested, v, strict=strict)
+                for v in value
             )
         elif plan.nested is not None and isinstance(value, Mapping):
-            kwargs[plan.name] = build(plan.nested, value)
+            kwargs[plan.name] = build(plan.nested, value, strict=strict)
         elif plan.is_tuple:
             kwargs[plan.name] = tuple(value)
         elif plan.kafka_type == "datetime_i64" and isinstance(value, int):

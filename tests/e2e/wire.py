@@ -12,21 +12,18 @@ test writes requests once as plain data: ints for timedelta fields, bytes or
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import select
 import socket
 import struct
 import time
-import typing
 import uuid
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
+from broker import entities
 from protocol.framing import ClientConnection
 
 DEFAULT_TIMEOUT = 10.0
@@ -43,60 +40,9 @@ class ResponseTimeout(Exception):
 # -- building kio entities from plain data ------------------------------------------
 
 
-def _nested_type(hint: Any) -> tuple[type | None, bool]:
-    """(entity class or None, is a tuple) for a field's type hint."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        inner, _ = _nested_type(typing.get_args(hint)[0])
-        return inner, True
-    if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
-        for arg in typing.get_args(hint):
-            if arg is not type(None):
-                return _nested_type(arg)
-        return None, False
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return hint, False
-    return None, False
-
-
-@cache
-def _fields(cls: type) -> tuple[tuple[str, str | None, type | None, bool], ...]:
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        nested, is_tuple = _nested_type(hints[f.name])
-        out.append((f.name, f.metadata.get("kafka_type"), nested, is_tuple))
-    return tuple(out)
-
-
 def build(cls: type, data: Mapping[str, Any]) -> Any:
     """Build the kio entity `cls` from a dict; unknown keys are an error."""
-    known = {name for name, *_ in _fields(cls)}
-    extra = set(data) - known
-    if extra:
-        raise TypeError(f"{cls.__qualname__} v{cls.__version__} has no fields {sorted(extra)}")
-    kwargs: dict[str, Any] = {}
-    for name, kafka_type, nested, is_tuple in _fields(cls):
-        if name not in data:
-            continue
-        value = data[name]
-        if value is None:
-            kwargs[name] = None
-        elif kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
-            kwargs[name] = datetime.timedelta(milliseconds=value)
-        elif kafka_type == "uuid" and isinstance(value, bytes):
-            kwargs[name] = uuid.UUID(bytes=value)
-        elif kafka_type == "error_code" and not isinstance(value, ErrorCode):
-            kwargs[name] = ErrorCode(value)
-        elif nested is not None and is_tuple:
-            kwargs[name] = tuple(build(nested, v) if isinstance(v, Mapping) else v for v in value)
-        elif nested is not None and isinstance(value, Mapping):
-            kwargs[name] = build(nested, value)
-        elif is_tuple:
-            kwargs[name] = tuple(value)
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
+    return entities.build(cls, data, strict=True)
 
 
 def request(api_key: int, version: int, **data: Any) -> Any:
