@@ -33,6 +33,7 @@ from storage.objectstore import (
     ObjectInfo,
     ObjectNotFoundError,
     ObjectStoreError,
+    new_stats,
 )
 
 TEMP_PREFIX = ".tmp."
@@ -47,14 +48,7 @@ class LocalObjectStore:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self._limiter = anyio.CapacityLimiter(max_concurrency)
-        self.stats: dict[str, int] = {
-            "puts": 0,
-            "gets": 0,
-            "deletes": 0,
-            "lists": 0,
-            "bytes_put": 0,
-            "bytes_got": 0,
-        }
+        self.stats = new_stats()
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({self.root!r})"

@@ -30,6 +30,14 @@ class ObjectInfo:
     last_modified: float  # seconds since the epoch
 
 
+STAT_NAMES = ("puts", "gets", "deletes", "lists", "bytes_put", "bytes_got")
+
+
+def new_stats() -> dict[str, int]:
+    """The request counters every store keeps (benchmarks report them)."""
+    return dict.fromkeys(STAT_NAMES, 0)
+
+
 class ObjectStore(Protocol):
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         """Store data durably under key (durable when this returns).

@@ -54,6 +54,7 @@ from storage.objectstore import (
     ObjectInfo,
     ObjectNotFoundError,
     ObjectStoreError,
+    new_stats,
 )
 
 log = logging.getLogger(__name__)
@@ -112,14 +113,7 @@ class S3ObjectStore:
             )
         self._client = client
         self._limiter = anyio.CapacityLimiter(max_concurrency)
-        self.stats: dict[str, int] = {
-            "puts": 0,
-            "gets": 0,
-            "deletes": 0,
-            "lists": 0,
-            "bytes_put": 0,
-            "bytes_got": 0,
-        }
+        self.stats = new_stats()
 
     def __repr__(self) -> str:
         return f"S3ObjectStore(s3://{self.bucket}/{self.prefix})"
