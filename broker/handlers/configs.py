@@ -651,6 +651,23 @@ def _resource_answer(
     }
 
 
+def _non_topic_answer(agent: Any, resource: Any, changed: list[str]) -> dict[str, Any] | None:
+    """The answer for a resource that is not a topic we can alter (a broker, an unknown
+    type, an illegal topic name), or None for a topic to go on with."""
+    if resource.resource_type == BROKER:
+        problem = _broker_change_error(agent, resource, changed)
+        code = ErrorCode.invalid_request if problem else ErrorCode.none
+        return _resource_answer(resource, code, problem)
+    if resource.resource_type != TOPIC:
+        return _resource_answer(
+            resource, ErrorCode.invalid_request, f"Unknown resource type {resource.resource_type}"
+        )
+    name_error = _topic_resource_error(resource.resource_name)
+    if name_error:
+        return _resource_answer(resource, *name_error)
+    return None
+
+
 def _duplicate_resources(resources: Iterable[Any]) -> set[tuple[int, str]]:
     seen: set[tuple[int, str]] = set()
     duplicates: set[tuple[int, str]] = set()
@@ -741,23 +758,9 @@ async def alter_configs(request: Any, ctx: Any) -> Any:
         if problem:
             answers.append(_resource_answer(resource, ErrorCode.invalid_request, problem))
             continue
-        if resource.resource_type == BROKER:
-            problem = _broker_change_error(agent, resource, [c.name for c in resource.configs])
-            code = ErrorCode.invalid_request if problem else ErrorCode.none
-            answers.append(_resource_answer(resource, code, problem))
-            continue
-        if resource.resource_type != TOPIC:
-            answers.append(
-                _resource_answer(
-                    resource,
-                    ErrorCode.invalid_request,
-                    f"Unknown resource type {resource.resource_type}",
-                )
-            )
-            continue
-        name_error = _topic_resource_error(resource.resource_name)
-        if name_error:
-            answers.append(_resource_answer(resource, *name_error))
+        early = _non_topic_answer(agent, resource, [c.name for c in resource.configs])
+        if early is not None:
+            answers.append(early)
             continue
         wanted: dict[str, str | None] = {c.name: c.value for c in resource.configs}
         try:
@@ -814,24 +817,10 @@ async def incremental_alter_configs(request: Any, ctx: Any) -> Any:
         if problem:
             answers.append(_resource_answer(resource, ErrorCode.invalid_request, problem))
             continue
-        if resource.resource_type == BROKER:
-            changed = [c.name for c in resource.configs if c.config_operation != DELETE]
-            problem = _broker_change_error(agent, resource, changed)
-            code = ErrorCode.invalid_request if problem else ErrorCode.none
-            answers.append(_resource_answer(resource, code, problem))
-            continue
-        if resource.resource_type != TOPIC:
-            answers.append(
-                _resource_answer(
-                    resource,
-                    ErrorCode.invalid_request,
-                    f"Unknown resource type {resource.resource_type}",
-                )
-            )
-            continue
-        name_error = _topic_resource_error(resource.resource_name)
-        if name_error:
-            answers.append(_resource_answer(resource, *name_error))
+        changed = [c.name for c in resource.configs if c.config_operation != DELETE]
+        early = _non_topic_answer(agent, resource, changed)
+        if early is not None:
+            answers.append(early)
             continue
         defaults = {key.name: topic_default(agent, key)[0] for key in TOPIC_CONFIG_KEYS.values()}
         ops = list(resource.configs)
