@@ -66,6 +66,7 @@ class Agent:
         self.live: list[AgentInfo] = []
         self._live_read_at = 0.0
         self._topics_by_name: dict[str, _CachedTopic] = {}
+        self._topics_by_id: dict[bytes, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
         self.groups = GroupCoordinator.for_agent(self)
 
@@ -166,20 +167,27 @@ class Agent:
         if not fresh and cached is not None and clock - cached.fetched_at < TOPIC_CACHE_SECONDS:
             return cached.topic
         topic = await self.kv.read(lambda tr: topics.get_topic(tr, self.sub, name))
-        self._topics_by_name[name] = _CachedTopic(topic, clock)
+        self._cache_topic(name, topic, clock)
         return topic
 
+    def _cache_topic(self, name: str, topic: topics.Topic | None, clock: float) -> None:
+        entry = _CachedTopic(topic, clock)
+        self._topics_by_name[name] = entry
+        if topic is not None:
+            self._topics_by_id[topic.topic_id] = entry
+
     def forget_topic(self, name: str) -> None:
-        self._topics_by_name.pop(name, None)
+        cached = self._topics_by_name.pop(name, None)
+        if cached is not None and cached.topic is not None:
+            self._topics_by_id.pop(cached.topic.topic_id, None)
 
     def remember_topic(self, topic: topics.Topic) -> None:
-        self._topics_by_name[topic.name] = _CachedTopic(topic, time.monotonic())
+        self._cache_topic(topic.name, topic, time.monotonic())
 
     async def topic_by_id(self, topic_id: bytes) -> topics.Topic | None:
-        for cached in self._topics_by_name.values():
-            if cached.topic is not None and cached.topic.topic_id == topic_id:
-                if time.monotonic() - cached.fetched_at < TOPIC_CACHE_SECONDS:
-                    return cached.topic
+        cached = self._topics_by_id.get(topic_id)
+        if cached is not None and time.monotonic() - cached.fetched_at < TOPIC_CACHE_SECONDS:
+            return cached.topic
         topic = await self.kv.read(lambda tr: topics.get_topic_by_id(tr, self.sub, topic_id))
         if topic is not None:
             self.remember_topic(topic)
