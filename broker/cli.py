@@ -195,8 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = replace(config, data_dir=os.path.abspath(config.data_dir))
     if args.agents > 1:
         return _run_many(config, args.agents, argv)
+    from broker.memory import tune_allocator
     from broker.server import run_agent
 
+    tune_allocator()
     try:
         anyio.run(run_agent, config)
     except KeyboardInterrupt:

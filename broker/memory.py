@@ -1,0 +1,63 @@
+"""Allocator settings for an agent process.
+
+An agent allocates and frees large buffers all the time: request frames, the copies of
+produced batches, ingest files, the pieces of a Fetch answer and the answer's frame, each
+0.1–4 MiB. glibc's malloc serves a request above its mmap threshold (128 KiB at first,
+raised on the fly up to the largest block freed so far) with fresh pages from mmap, and
+gives freed memory at the top of the heap back to the kernel above its trim threshold.
+Either way the next buffer lands on pages the process has never touched, and each first
+touch of a 4 KiB page is a minor page fault. Measured on a 1 MiB Fetch answer built from
+the cache: about 480 faults and 1.1 ms of the request's time, against 0.1 ms for the
+same work on reused memory.
+
+`tune_allocator` fixes both thresholds high enough that those buffers are carved from the
+heap and reused: mmap only above 32 MiB (glibc's upper limit for the setting), and keep
+up to 64 MiB of free heap before trimming. Fixing them also turns off glibc's on-the-fly
+adjustment. The cost is that up to 64 MiB of freed memory per arena may stay resident.
+
+It does nothing on a C library other than glibc, and nothing for a threshold the operator
+already set through glibc's own environment variables (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_), which take precedence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+
+log = logging.getLogger(__name__)
+
+# mallopt parameters, from glibc's malloc.h.
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 32 * 1024 * 1024
+TRIM_THRESHOLD = 64 * 1024 * 1024
+
+_SETTINGS = (
+    ("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+    ("MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+)
+
+
+def tune_allocator() -> list[str]:
+    """Apply the settings above; returns the names of the thresholds that were set."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return []
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return []
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    applied = []
+    for env, param, value in _SETTINGS:
+        if env in os.environ:
+            continue
+        if mallopt(param, value) == 1:
+            applied.append(env.rstrip("_").lower())
+        else:
+            log.warning("glibc refused mallopt(%d, %d)", param, value)
+    return applied
