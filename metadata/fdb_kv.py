@@ -496,8 +496,10 @@ class FDBKV:
             self.transact_sync, fn, abandon_on_cancel=False, limiter=self._limiter
         )
 
-    async def read(self, fn: Callable[[ReadTransaction], T]) -> T:
-        """Run fn in a read-only transaction (one snapshot) in a worker thread."""
+    async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
+        """Run fn in a read-only transaction (one snapshot) in a worker thread.
+
+        `quick` is ignored: every FoundationDB read is a network round trip."""
         return await anyio.to_thread.run_sync(
             self.read_sync, fn, abandon_on_cancel=False, limiter=self._limiter
         )

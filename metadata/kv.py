@@ -61,8 +61,13 @@ class KV(Protocol):
         """Run fn in a read-write transaction, retrying it on conflict; return its result."""
         ...
 
-    async def read(self, fn: Callable[[ReadTransaction], T]) -> T:
-        """Run fn in a read-only transaction (a consistent snapshot)."""
+    async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
+        """Run fn in a read-only transaction (a consistent snapshot).
+
+        quick=True promises that fn does only a few point reads and short ranges, so a
+        backend whose reads are local may run it on the calling thread instead of a
+        worker; a backend whose reads cross the network ignores it.
+        """
         ...
 
     def transact_sync(self, fn: Callable[[Transaction], T]) -> T:

@@ -30,7 +30,9 @@ Rules:
   polls and is not fair: near saturation one process's commit can wait for hundreds of
   milliseconds while another process commits back to back.
 * `transact`/`read` run the function in a worker thread (`anyio.to_thread.run_sync`) with a
-  `CapacityLimiter` as large as the pool. A cancelled `await` does not abandon the thread:
+  `CapacityLimiter` as large as the pool. `read(fn, quick=True)` first tries fn once on
+  the calling thread with an idle connection and SQLite's busy wait off (a WAL reader
+  rarely meets a lock); only if that is not possible now does it go to a worker thread. A cancelled `await` does not abandon the thread:
   the transaction always finishes (commit or rollback) and its connection goes back to the
   pool clean. As with FoundationDB's `commit_unknown_result`, a cancelled caller cannot
   know whether the transaction committed.
@@ -49,7 +51,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -243,6 +245,13 @@ class _Pool:
                 self._cond.notify()
             raise
 
+    def try_acquire(self) -> sqlite3.Connection | None:
+        """An idle connection now, or None (never waits, never connects)."""
+        with self._cond:
+            if self._closed or os.getpid() != self._pid or not self._idle:
+                return None
+            return self._idle.pop()
+
     def release(self, conn: sqlite3.Connection, *, broken: bool = False) -> None:
         with self._cond:
             keep = not (broken or self._closed)
@@ -360,47 +369,81 @@ class SQLiteKV:
             conn = self._pool.acquire(deadline)
         except sqlite3.Error as exc:
             raise _wrap(exc) from exc
-        broken = False
+        broken = [False]
         locked = False
         try:
             if write:
                 locked = self._write_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
                 if not locked:
                     raise KVError("timed out waiting for this process's SQLite writer lock")
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
-                broken = not self._rollback(conn)
-                raise _wrap(exc) from exc
-            tr = make_tx(conn)
-            try:
-                result = fn(tr)
-            except BaseException as exc:
-                tr._open = False
-                broken = not self._rollback(conn)
-                if isinstance(exc, Exception) and tr._error is not None and _is_busy(tr._error):
-                    # The function failed because SQLite was busy under it: run it again.
-                    # (Interrupts and cancellations still propagate.)
-                    raise _Retry(f"SQLite busy: {tr._error}") from tr._error
-                raise
-            tr._open = False
-            if tr._error is not None:
-                # The function swallowed a failed operation; its view may be incomplete,
-                # so do not commit what it wrote.
-                broken = not self._rollback(conn)
-                raise _wrap(tr._error) from tr._error
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                # A failed COMMIT leaves the transaction open (BUSY) or already undone.
-                broken = not self._rollback(conn)
-                raise _wrap(exc) from exc
-            self.stats["commits" if write else "reads"] += 1
-            return result
+            return self._once(conn, fn, make_tx, broken)
         finally:
             if locked:
                 self._write_lock.release()
-            self._pool.release(conn, broken=broken)
+            self._pool.release(conn, broken=broken[0])
+
+    def _once(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[TxT], T],
+        make_tx: Callable[[sqlite3.Connection], TxT],
+        broken: list[bool],
+    ) -> T:
+        """BEGIN, fn, COMMIT on conn; on failure roll back (broken[0] = it could not)."""
+        write = make_tx is _Tx
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.Error as exc:
+            broken[0] = not self._rollback(conn)
+            raise _wrap(exc) from exc
+        tr = make_tx(conn)
+        try:
+            result = fn(tr)
+        except BaseException as exc:
+            tr._open = False
+            broken[0] = not self._rollback(conn)
+            if isinstance(exc, Exception) and tr._error is not None and _is_busy(tr._error):
+                # The function failed because SQLite was busy under it: run it again.
+                # (Interrupts and cancellations still propagate.)
+                raise _Retry(f"SQLite busy: {tr._error}") from tr._error
+            raise
+        tr._open = False
+        if tr._error is not None:
+            # The function swallowed a failed operation; its view may be incomplete,
+            # so do not commit what it wrote.
+            broken[0] = not self._rollback(conn)
+            raise _wrap(tr._error) from tr._error
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # A failed COMMIT leaves the transaction open (BUSY) or already undone.
+            broken[0] = not self._rollback(conn)
+            raise _wrap(exc) from exc
+        self.stats["commits" if write else "reads"] += 1
+        return result
+
+    def _read_here(self, fn: Callable[[ReadTransaction], T]) -> tuple[bool, T | None]:
+        """One read attempt on the calling thread that never waits: (False, None) when no
+        connection is idle or SQLite is busy, so the caller goes to a worker thread."""
+        conn = self._pool.try_acquire()
+        if conn is None:
+            return False, None
+        broken = [False]
+        try:
+            # SQLite's busy handler would sleep on this thread: fail at once instead.
+            conn.execute("PRAGMA busy_timeout=0")
+            try:
+                return True, self._once(conn, fn, _ReadTx, broken)
+            except _Retry:
+                self.stats["retries"] += 1
+                return False, None
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        except sqlite3.Error as exc:
+            broken[0] = True
+            raise _wrap(exc) from exc
+        finally:
+            self._pool.release(conn, broken=broken[0])
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> bool:
@@ -430,8 +473,17 @@ class SQLiteKV:
             self.transact_sync, fn, abandon_on_cancel=False, limiter=self._limiter
         )
 
-    async def read(self, fn: Callable[[ReadTransaction], T]) -> T:
-        """Run fn in a read-only transaction (one snapshot) in a worker thread."""
+    async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
+        """Run fn in a read-only transaction (one snapshot) in a worker thread.
+
+        quick=True (fn does a few point reads and short ranges): try it first on the
+        calling thread, which skips two thread switches; if no connection is idle or
+        SQLite is busy, it runs in a worker thread as usual.
+        """
+        if quick:
+            done, result = self._read_here(fn)
+            if done:
+                return cast(T, result)
         return await anyio.to_thread.run_sync(
             self.read_sync, fn, abandon_on_cancel=False, limiter=self._limiter
         )

@@ -713,3 +713,92 @@ def test_sqlite_store_refuses_to_run_in_a_forked_child(tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert kv.read_sync(lambda tr: tr.get(b"k")) == b"v"  # the parent is unaffected
     kv.close()
+
+
+async def test_quick_read_returns_what_read_returns(kv: KV) -> None:
+    _put(kv, {b"a": b"1", b"b": b"2", b"c": b"3"})
+
+    def fn(tr: ReadTransaction) -> tuple[bytes | None, list[tuple[bytes, bytes]]]:
+        return tr.get(b"a"), tr.get_range(b"b", b"z")
+
+    assert await kv.read(fn, quick=True) == await kv.read(fn)
+    with pytest.raises(ZeroDivisionError):
+        await kv.read(lambda tr: 1 // 0, quick=True)
+    assert await kv.read(lambda tr: tr.get(b"c"), quick=True) == b"3"
+
+
+async def test_sqlite_quick_read_runs_on_the_calling_thread(tmp_path: Path) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k": b"v"})  # leaves an idle connection in the pool
+    here = threading.get_ident()
+
+    def where(tr: ReadTransaction) -> tuple[int, bytes | None]:
+        return threading.get_ident(), tr.get(b"k")
+
+    assert await kv.read(where, quick=True) == (here, b"v")
+    thread, value = await kv.read(where)
+    assert thread != here and value == b"v"
+    await kv.aclose()
+
+
+async def test_sqlite_quick_read_waits_in_a_thread_when_no_connection_is_free(
+    tmp_path: Path,
+) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db", pool_size=1)
+    _put(kv, {b"k": b"v"})
+    inside = threading.Event()
+    here = threading.get_ident()
+
+    def slow(tr: Transaction) -> None:  # holds the only connection for 0.3 s
+        tr.set(b"k", b"v2")
+        inside.set()
+        time.sleep(0.3)
+
+    def where(tr: ReadTransaction) -> tuple[int, bytes | None]:
+        return threading.get_ident(), tr.get(b"k")
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.01)
+            ticks += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kv.transact, slow)
+        await anyio.to_thread.run_sync(inside.wait)
+        tg.start_soon(ticker)
+        thread, value = await kv.read(where, quick=True)
+        tg.cancel_scope.cancel()
+    assert thread != here and value == b"v2"  # read in a worker once the writer was done
+    assert ticks >= 10  # the event loop kept running meanwhile
+    await kv.aclose()
+
+
+async def test_sqlite_quick_read_goes_to_a_thread_when_sqlite_is_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A WAL reader meets SQLITE_BUSY only in rare moments (WAL recovery or restart), so
+    # the busy answer is injected: the first attempt on the event loop's thread fails.
+    from metadata import sqlite_kv
+
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k": b"v"})
+    here = threading.get_ident()
+    real_once = SQLiteKV._once
+    attempts: list[int] = []
+
+    def busy_once(self: SQLiteKV, conn: Any, fn: Any, make_tx: Any, broken: list[bool]) -> Any:
+        attempts.append(threading.get_ident())
+        if threading.get_ident() == here:
+            raise sqlite_kv._Retry("SQLite busy: database is locked")
+        return real_once(self, conn, fn, make_tx, broken)
+
+    monkeypatch.setattr(SQLiteKV, "_once", busy_once)
+    assert await kv.read(lambda tr: tr.get(b"k"), quick=True) == b"v"
+    assert attempts[0] == here and attempts[1:] and attempts[-1] != here
+    assert kv.stats["retries"] == 1
+    monkeypatch.undo()
+    assert await kv.read(lambda tr: tr.get(b"k"), quick=True) == b"v"
+    await kv.aclose()
