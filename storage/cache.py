@@ -94,19 +94,22 @@ class RangeReader:
         return self.stats["gets"]
 
     async def read(self, key: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the object."""
-        return (await self.read_many([(key, start, end)]))[0]
+        """Bytes [start, end) of the object (a copy of its own)."""
+        return bytes((await self.read_many([(key, start, end)]))[0])
 
-    async def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        """Bytes [start, end) for each (key, start, end), in the order asked."""
-        results: list[bytes] = [b""] * len(requests)
+    async def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | memoryview]:
+        """Bytes [start, end) for each (key, start, end), in the order asked.
+
+        A range found in the cache comes back as a read-only view of the cached object,
+        without a copy (the object stays alive as long as the view does)."""
+        results: list[bytes | memoryview] = [b""] * len(requests)
         pending: dict[str, list[int]] = {}  # key -> indexes of requests not in the cache
         for index, (key, start, end) in enumerate(requests):
             if start < 0 or end < start:
                 raise ValueError(f"bad range [{start}, {end}) of {key!r}")
             cached = self.cache.get(key) if self.cache is not None else None
             if cached is not None:
-                results[index] = cached[start:end]
+                results[index] = memoryview(cached)[start:end]
                 self.stats["cache_reads"] += 1
             elif end > start:
                 pending.setdefault(key, []).append(index)
@@ -151,7 +154,10 @@ class RangeReader:
         return spans
 
     async def _fetch(
-        self, span: _Span, requests: Sequence[tuple[str, int, int]], results: list[bytes]
+        self,
+        span: _Span,
+        requests: Sequence[tuple[str, int, int]],
+        results: list[bytes | memoryview],
     ) -> None:
         self.stats["gets"] += 1
         data = await self.store.get(span.key, span.start, span.end)

@@ -70,6 +70,20 @@ async def test_cached_object_costs_no_get(local_store: LocalObjectStore) -> None
     assert local_store.stats["gets"] == 0
 
 
+async def test_cached_ranges_are_views_of_the_cached_object(local_store: LocalObjectStore) -> None:
+    data = os.urandom(300_000)
+    cache = ObjectCache(max_bytes=MiB)
+    cache.put("ingest/1", data)
+    reader = RangeReader(local_store, cache)
+    (view,) = await reader.read_many([("ingest/1", 1_000, 263_144)])
+    # No copy on the Fetch path: the answer points into the cached object itself.
+    assert isinstance(view, memoryview) and view.obj is data and view.readonly
+    assert view == data[1_000:263_144]
+    # read() hands out a copy of its own.
+    copy = await reader.read("ingest/1", 0, 10)
+    assert type(copy) is bytes and copy == data[:10]
+
+
 async def test_uncached_ranges_coalesce_into_one_get_per_object(store: ObjectStore) -> None:
     one, two = os.urandom(3 * MiB), os.urandom(100_000)
     await store.put("ingest/1", one)
