@@ -101,11 +101,29 @@ def read_chunks(
     partition: int,
     from_offset: int,
     limit: int = 0,
+    max_bytes: int | None = None,
 ) -> list[ChunkEntry]:
-    """Entries holding offsets >= from_offset, in offset order."""
+    """Entries holding offsets >= from_offset, in offset order.
+
+    With max_bytes, the entries stop once those after the first hold max_bytes or more
+    (the first may start before from_offset, so it does not count): a reader with that
+    budget could not use any further entry.
+    """
     _begin, end = sub.range(keys.CHUNK, topic_id, partition)
     begin = sub.key(keys.CHUNK, topic_id, partition, from_offset)
-    return [_entry(sub, k, v) for k, v in tr.get_range(begin, end, limit=limit)]
+    rows = tr.get_range(begin, end, limit=limit)
+    if max_bytes is None:
+        return [_entry(sub, k, v) for k, v in rows]
+    out: list[ChunkEntry] = []
+    after_first = 0
+    for k, v in rows:
+        entry = _entry(sub, k, v)
+        out.append(entry)
+        if len(out) > 1:
+            after_first += entry.length
+            if after_first >= max_bytes:
+                break
+    return out
 
 
 def _write_run(

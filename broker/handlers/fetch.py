@@ -70,8 +70,15 @@ def _read_partitions(agent: Any, wanted: list[_Wanted], read_committed: bool) ->
             entries: list[log_layer.ChunkEntry] = []
             aborted: list[tuple[int, int]] = []
             if state.log_start_offset <= w.fetch_offset < end:
+                # Only the entries a budget of partition_max_bytes can take from.
                 entries = log_layer.read_chunks(
-                    tr, agent.sub, tid, w.partition, w.fetch_offset, ENTRIES_PER_READ
+                    tr,
+                    agent.sub,
+                    tid,
+                    w.partition,
+                    w.fetch_offset,
+                    ENTRIES_PER_READ,
+                    max_bytes=w.partition_max_bytes,
                 )
                 if read_committed:
                     aborted = txns.aborted_between(
@@ -123,25 +130,6 @@ def _select(
         if full:
             break
     return b"".join(parts), used
-
-
-def _needed(
-    entries: list[log_layer.ChunkEntry], partition_max_bytes: int
-) -> list[log_layer.ChunkEntry]:
-    """The entries `_select` can take from: past the first, up to partition_max_bytes more.
-
-    The first entry may start before the fetch offset, so it does not count; every later
-    one is taken whole or ends the selection, so reading further would be wasted.
-    """
-    out: list[log_layer.ChunkEntry] = []
-    after_first = 0
-    for e in entries:
-        out.append(e)
-        if len(out) > 1:
-            after_first += e.length
-            if after_first >= partition_max_bytes:
-                break
-    return out
 
 
 @api(API_KEY, 4, 17)
@@ -206,7 +194,7 @@ async def handle(request: Any, ctx: Any) -> Any:
             w.aborted = read.aborted
             if not state.log_start_offset <= w.fetch_offset <= state.high_watermark:
                 w.error = ErrorCode.offset_out_of_range
-            w.entries = _needed(entries, w.partition_max_bytes)
+            w.entries = entries
             for e in w.entries:
                 reads.append((e.object_key, e.start, e.start + e.length))
         blobs = await agent.reader.read_many(reads) if reads else []

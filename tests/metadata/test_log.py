@@ -80,6 +80,24 @@ def test_offsets_are_dense_per_partition_and_runs_become_one_entry(kv, topic):
     assert found[0].base_offset == 3
 
 
+def test_read_chunks_stops_at_what_a_byte_budget_can_use(kv, topic):
+    for i in range(6):  # six entries of 100 bytes, one per object
+        commit(kv, [batch(topic, 0, 0, 1)], key=f"obj-{i}")
+
+    def lengths(from_offset, max_bytes):
+        entries = kv.transact_sync(
+            lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, from_offset, 16, max_bytes)
+        )
+        return [e.base_offset for e in entries]
+
+    assert lengths(0, None) == [0, 1, 2, 3, 4, 5]
+    # The first entry does not count; then entries until 250 bytes are covered.
+    assert lengths(0, 250) == [0, 1, 2, 3]
+    assert lengths(2, 200) == [2, 3, 4]
+    assert lengths(0, 1) == [0, 1]
+    assert lengths(4, 10_000) == [4, 5]
+
+
 def test_contiguous_batches_share_an_entry(kv, topic):
     commit(kv, [batch(topic, 0, 0, 2), batch(topic, 0, 100, 3)])
     entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
