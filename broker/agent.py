@@ -18,6 +18,7 @@ import anyio
 from broker.config import BrokerConfig
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
+from broker.readahead import ReadAhead
 from broker.sync import Notifier
 from metadata import cluster, keys, log, topics
 from metadata.cluster import Agent as AgentInfo
@@ -51,6 +52,7 @@ class Agent:
         self.sub = keys.cluster_subspace(config.cluster_name)
         self.cache = ObjectCache(config.cache_bytes)
         self.reader = RangeReader(store, self.cache)
+        self.read_ahead = ReadAhead(kv, self.sub, store, self.cache)
         self.notifier = Notifier()
         self.pipeline = IngestPipeline(
             kv,

@@ -193,6 +193,7 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.pipeline.run)
+            tg.start_soon(agent.read_ahead.run)
             tg.start_soon(agent.lease_loop)
             tg.start_soon(agent.watermark_loop)
             tg.start_soon(agent.transaction_timeout_loop)

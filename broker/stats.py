@@ -28,6 +28,7 @@ def snapshot(agent: Any) -> dict[str, Any]:
         "store": dict(getattr(agent.store, "stats", {})),
         "cache": dict(agent.cache.stats),
         "reader": dict(agent.reader.stats),
+        "read_ahead": dict(agent.read_ahead.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
     }
 

@@ -197,6 +197,19 @@ async def handle(request: Any, ctx: Any) -> Any:
             w.entries = entries
             for e in w.entries:
                 reads.append((e.object_key, e.start, e.start + e.length))
+            behind = bool(entries) and entries[-1].last_offset + 1 < state.high_watermark
+            if behind and (
+                any(e.object_key not in agent.cache for e in entries)
+                or agent.read_ahead.was_read_ahead(entries[-1].object_key)
+            ):
+                # Reading behind the cache: have the next stretch there for the next Fetch.
+                agent.read_ahead.request(
+                    w.topic.topic_id,
+                    w.partition,
+                    # From the last entry read: the next Fetch may start inside it.
+                    entries[-1].base_offset,
+                    w.partition_max_bytes,
+                )
         blobs = await agent.reader.read_many(reads) if reads else []
         i = 0
         total = 0
