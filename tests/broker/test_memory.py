@@ -57,7 +57,7 @@ def _faults(tune: bool) -> tuple[str, float]:
 @glibc
 def test_tuned_allocator_reuses_large_buffers() -> None:
     applied, tuned = _faults(tune=True)
-    assert applied == "malloc_mmap_threshold,malloc_trim_threshold"
+    assert applied == "malloc_mmap_threshold,malloc_trim_threshold,malloc_arena_max"
     # 4 MiB allocated per answer; faulting it all in would be ~1000 faults.
     assert tuned < 10, f"{tuned} page faults per answer with the tuned allocator"
 
@@ -75,4 +75,5 @@ def test_operator_settings_take_precedence(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "262144")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "524288")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert memory.tune_allocator() == []

@@ -74,7 +74,13 @@ def produce_raw(
 
 
 def fetch_raw(
-    port: int, topic: str, partition: int, *, offset: int, max_wait_ms: int = 500
+    port: int,
+    topic: str,
+    partition: int,
+    *,
+    offset: int,
+    max_wait_ms: int = 500,
+    partition_max_bytes: int = 10 << 20,
 ) -> list[tuple[int, bytes | None]]:
     """One Fetch v12 request; returns (offset, value) of the records from `offset` on."""
     request = build(
@@ -94,7 +100,7 @@ def fetch_raw(
                         {
                             "partition": partition,
                             "fetch_offset": offset,
-                            "partition_max_bytes": 10 << 20,
+                            "partition_max_bytes": partition_max_bytes,
                         }
                     ],
                 }

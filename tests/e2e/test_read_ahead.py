@@ -6,49 +6,10 @@ import json
 import time
 from typing import Any
 
-from kio.index import load_request_schema
-
-from broker.entities import build
-from protocol.records import iter_batches
-from tests.e2e.rawclient import produce_raw, roundtrip
+from tests.e2e.rawclient import fetch_raw, produce_raw
 
 OBJECTS = 24
 VALUE = 100_000  # one ~100 KB batch per request: each becomes its own object
-
-
-def _fetch(port: int, topic: str, offset: int, partition_max_bytes: int) -> list[int]:
-    request = build(
-        load_request_schema(1, 12),
-        {
-            "replica_id": -1,
-            "max_wait": 500,
-            "min_bytes": 1,
-            "max_bytes": 50 << 20,
-            "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [
-                {
-                    "topic": topic,
-                    "partitions": [
-                        {
-                            "partition": 0,
-                            "fetch_offset": offset,
-                            "partition_max_bytes": partition_max_bytes,
-                        }
-                    ],
-                }
-            ],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        },
-    )
-    part = roundtrip(port, request).responses[0].partitions[0]
-    assert part.error_code == 0, part
-    offsets = []
-    for view in iter_batches(part.records or b""):
-        offsets += range(view.base_offset, view.base_offset + view.last_offset_delta + 1)
-    return [o for o in offsets if o >= offset]
 
 
 def _stats(data_dir: Any, port: int) -> dict[str, Any]:
@@ -67,7 +28,12 @@ def test_catch_up_reads_come_from_the_cache_after_the_first(start_broker, tmp_pa
     seen: list[int] = []
     offset = 0
     while offset < OBJECTS:
-        got = _fetch(restarted.port, "behind", offset, partition_max_bytes=250_000)
+        got = [
+            o
+            for o, _value in fetch_raw(
+                restarted.port, "behind", 0, offset=offset, partition_max_bytes=250_000
+            )
+        ]
         assert got, f"nothing at offset {offset}"
         seen += got
         offset = got[-1] + 1
