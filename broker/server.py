@@ -29,7 +29,7 @@ from broker.config import BrokerConfig
 from broker.handlers import REGISTRY, load_all
 from broker.handlers.errors import error_response
 from broker.sync import Promise, Turnstile
-from protocol.codec import UnsupportedVersion, decode_request, encode_response
+from protocol.codec import UnsupportedVersion, decode_request, encode_response_parts
 from protocol.framing import ProtocolError, ServerConnection
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,21 @@ class _Close(Exception):
     """Answer nothing more on this connection and close it."""
 
 
+Frame = list[bytes | bytearray | memoryview]  # an answer's parts, written in order
+
+
 async def _handle_frame(
     agent: Agent, frame: bytes, peer: str, order: Turnstile | None = None, ticket: int = -1
-) -> bytes | None:
+) -> Frame | None:
     try:
         request = decode_request(frame)
     except UnsupportedVersion as exc:
         from broker.handlers import api_versions
 
         if exc.api_key == api_versions.API_KEY:
-            return encode_response(exc.correlation_id, api_versions.unsupported_version_answer())
+            return encode_response_parts(
+                exc.correlation_id, api_versions.unsupported_version_answer()
+            )
         raise _Close(
             f"unsupported API key {exc.api_key} version {exc.api_version} from {peer}"
         ) from None
@@ -83,7 +88,9 @@ async def _handle_frame(
         if api is not None and header.api_key == 18:
             from broker.handlers import api_versions
 
-            return encode_response(header.correlation_id, api_versions.unsupported_version_answer())
+            return encode_response_parts(
+                header.correlation_id, api_versions.unsupported_version_answer()
+            )
         raise _Close(
             f"unsupported API key {header.api_key} version {header.api_version} from {peer}"
         )
@@ -99,7 +106,7 @@ async def _handle_frame(
             raise _Close("no error answer for this request") from None
     if response is None:
         return None
-    return encode_response(header.correlation_id, response)
+    return encode_response_parts(header.correlation_id, response)
 
 
 async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> None:
@@ -109,13 +116,13 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
     except Exception:
         peer = "?"
     conn = ServerConnection(max_frame_size=agent.config.max_frame_bytes)
-    send: MemoryObjectSendStream[Promise[bytes | None]]
-    receive: MemoryObjectReceiveStream[Promise[bytes | None]]
+    send: MemoryObjectSendStream[Promise[Frame | None]]
+    receive: MemoryObjectReceiveStream[Promise[Frame | None]]
     send, receive = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
 
     produce_order = Turnstile()
 
-    async def run_one(frame: bytes, slot: Promise[bytes | None], ticket: int) -> None:
+    async def run_one(frame: bytes, slot: Promise[Frame | None], ticket: int) -> None:
         try:
             order = produce_order if ticket >= 0 else None
             slot.set(await _handle_frame(agent, frame, peer, order, ticket))
@@ -135,7 +142,8 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
                     tg.cancel_scope.cancel()
                     return
                 if data is not None:
-                    await stream.send(data)
+                    for part in data:
+                        await stream.send(part)
 
     try:
         async with stream, anyio.create_task_group() as tg:
@@ -156,7 +164,7 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
                             return
                         if frame is None:
                             break
-                        slot: Promise[bytes | None] = Promise()
+                        slot: Promise[Frame | None] = Promise()
                         await send.send(slot)
                         # Produce requests queue their batches in arrival order.
                         ticket = produce_order.take() if frame[:2] == PRODUCE_KEY else -1

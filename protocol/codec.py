@@ -13,7 +13,9 @@ Rules:
   response's API version calls for (``protocol.headers``), and the body. The
   body is written as a list of parts joined once, so the records bytes of a
   FetchResponse are copied exactly once, into the frame. Records may be given
-  as ``bytes`` or as a ``memoryview`` over a cache.
+  as ``bytes``, a ``bytearray`` or a ``memoryview`` over a cache.
+  ``encode_response_parts`` returns the frame as parts instead, with the large
+  ones (records) not copied at all, for a writer that sends them in order.
 - kio readers and writers are built once per entity class and cached.
 - The client-side pair ``encode_request`` / ``decode_response`` serves tests
   and tools.
@@ -61,6 +63,7 @@ __all__ = [
     "encode_entity",
     "encode_request",
     "encode_response",
+    "encode_response_parts",
     "request_schema",
     "response_schema",
 ]
@@ -71,6 +74,8 @@ _Writer = Callable[[Any, Any], None]
 
 _SIZE = struct.Struct(">i")
 _MAX_FRAME = 0x7FFFFFFF
+# encode_response_parts passes parts of this size or more through without joining them.
+LARGE_PART = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +189,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     return Request(header, body)
 
 
-def _encode_frame(head: bytes, entity: Entity) -> bytes:
+def _frame_parts(head: bytes, entity: Entity) -> _Parts:
     parts = _Parts((b"", head))
     try:
         _writer(type(entity))(parts, entity)
@@ -194,13 +199,42 @@ def _encode_frame(head: bytes, entity: Entity) -> bytes:
     if size > _MAX_FRAME:
         raise LocalProtocolError(f"a frame of {size} bytes does not fit an int32 size")
     parts[0] = _SIZE.pack(size)
-    return b"".join(parts)
+    return parts
+
+
+def _encode_frame(head: bytes, entity: Entity) -> bytes:
+    return b"".join(_frame_parts(head, entity))
 
 
 def encode_response(correlation_id: int, response: ResponsePayload) -> bytes:
     """Encode ``response`` as a complete frame: size prefix, header, body."""
+    return b"".join(encode_response_parts(correlation_id, response, join_below=0))
+
+
+def encode_response_parts(
+    correlation_id: int, response: ResponsePayload, *, join_below: int = LARGE_PART
+) -> list[bytes | bytearray | memoryview]:
+    """``encode_response`` without the final copy: the frame as a list of parts, in order.
+
+    Every run of parts smaller than ``join_below`` bytes is joined into one; larger parts
+    (the records of a Fetch answer) are returned as given, so the caller can write the
+    frame to a socket without copying them once more.
+    """
     header_version = response_header_version(response.__api_key__, response.__version__)
-    return _encode_frame(encode_response_header(correlation_id, header_version), response)
+    parts = _frame_parts(encode_response_header(correlation_id, header_version), response)
+    out: list[bytes | bytearray | memoryview] = []
+    run: list[bytes | memoryview] = []
+    for part in parts:
+        if len(part) < join_below:
+            run.append(part)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(part)
+    if run:
+        out.append(b"".join(run))
+    return out
 
 
 def encode_request(

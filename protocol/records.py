@@ -85,6 +85,7 @@ __all__ = [
     "iter_batches",
     "iter_records",
     "rebase_batches",
+    "rebase_into",
     "set_base_offset",
     "set_log_append_time",
     "validate_batches",
@@ -473,25 +474,45 @@ def rebase_batches(
 
     Each batch takes ``last_offset_delta + 1`` offsets. With
     ``partition_leader_epoch``, that epoch is written into every batch too
-    (also outside the CRC). The bytes are copied exactly once.
+    (also outside the CRC). See ``rebase_into`` for the form without a copy of
+    its own.
+
+    :raises RecordBatchError: CORRUPT_MESSAGE if ``data`` is not well framed.
+    """
+    out = bytearray(len(data) if isinstance(data, bytes) else _bytes_view(data).nbytes)
+    rebase_into(out, 0, data, first_offset, partition_leader_epoch=partition_leader_epoch)
+    return bytes(out)
+
+
+def rebase_into(
+    out: bytearray,
+    position: int,
+    data: BytesLike,
+    first_offset: int,
+    *,
+    partition_leader_epoch: int | None = None,
+) -> int:
+    """Copy ``data`` into ``out`` at ``position``, its batches numbered from
+    ``first_offset`` (and stamped with ``partition_leader_epoch`` if given), as
+    ``rebase_batches`` numbers them. The bytes are copied exactly once, which
+    lets a Fetch answer gather the batches of several chunks into one buffer.
+
+    Returns the position just after the copy. ``data`` is checked for framing
+    before anything is written.
 
     :raises RecordBatchError: CORRUPT_MESSAGE if ``data`` is not well framed.
     """
     view = _bytes_view(data)
-    parts: list[bytes | memoryview] = []
+    batches = [(b.position, b.last_offset_delta) for b in iter_batches(view)]
+    end = position + view.nbytes
+    out[position:end] = view
     offset = first_offset
-    for batch in iter_batches(view):
-        position = batch.position
-        end = position + batch.size
-        parts.append(_I64.pack(offset))
-        if partition_leader_epoch is None:
-            parts.append(view[position + 8 : end])
-        else:
-            parts.append(view[position + 8 : position + 12])
-            parts.append(_I32.pack(partition_leader_epoch))
-            parts.append(view[position + 16 : end])
-        offset += batch.last_offset_delta + 1
-    return b"".join(parts)
+    for at, last_offset_delta in batches:
+        _I64.pack_into(out, position + at, offset)
+        if partition_leader_epoch is not None:
+            _I32.pack_into(out, position + at + 12, partition_leader_epoch)
+        offset += last_offset_delta + 1
+    return end
 
 
 # --- records: decoding and building (off the hot path) ---------------------

@@ -18,6 +18,7 @@ from protocol.codec import (
     encode_entity,
     encode_request,
     encode_response,
+    encode_response_parts,
 )
 from protocol.errors import MalformedRequest, MalformedResponse, UnsupportedVersion
 from protocol.headers import RequestHeader, encode_request_header
@@ -278,6 +279,39 @@ def test_records_as_memoryview_encode_like_bytes() -> None:
         ),
     )
     assert encode_response(1, with_view) == encode_response(1, with_bytes)
+
+
+def test_response_parts_pass_large_records_through_uncopied() -> None:
+    module = schema("fetch", 15, "response")
+    batch = a_batch()
+    records = bytearray(batch * (70_000 // len(batch) + 1))  # over 64 KiB: passed as is
+    response = module.FetchResponse(
+        throttle_time=ZERO,
+        error_code=ErrorCode.none,
+        responses=(
+            module.FetchableTopicResponse(
+                topic_id=TOPIC_ID,
+                partitions=(
+                    module.PartitionData(
+                        partition_index=0,
+                        error_code=ErrorCode.none,
+                        high_watermark=3,
+                        aborted_transactions=None,
+                        records=records,  # type: ignore[arg-type]
+                    ),
+                ),
+            ),
+        ),
+    )
+    parts = encode_response_parts(5, response)
+    # Everything before the records is one part, then the records object itself, then
+    # everything after it.
+    assert len(parts) == 3 and parts[1] is records
+    assert b"".join(parts) == encode_response(5, response)
+    assert decode_response(b"".join(parts)[4:], 1, 15).body == response
+    # Small answers are a single part.
+    _, small = metadata(12)
+    assert encode_response_parts(9, small) == [encode_response(9, small)]
 
 
 def test_decode_request_accepts_writable_buffers() -> None:

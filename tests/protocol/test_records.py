@@ -25,6 +25,7 @@ from protocol.records import (
     iter_batches,
     iter_records,
     rebase_batches,
+    rebase_into,
     set_base_offset,
     set_log_append_time,
     validate_batches,
@@ -374,6 +375,32 @@ def test_rebase_batches_can_stamp_the_leader_epoch() -> None:
     views = list(iter_batches(rebased))
     assert [(v.base_offset, v.partition_leader_epoch) for v in views] == [(7, 0), (10, 0)]
     assert all(v.crc_valid for v in views)
+
+
+def test_rebase_into_gathers_several_inputs_into_one_buffer() -> None:
+    first = GOOD + GOOD
+    second = build_batch(RECORDS[:3], compression=Compression.GZIP)
+    out = bytearray(len(first) + len(second))
+    at = rebase_into(out, 0, memoryview(first), 100, partition_leader_epoch=0)
+    assert at == len(first)
+    assert rebase_into(out, at, second, 500, partition_leader_epoch=0) == len(out)
+    views = list(iter_batches(out))
+    assert [(v.base_offset, v.partition_leader_epoch) for v in views] == [
+        (100, 0),
+        (100 + GOOD_LAST_DELTA + 1, 0),
+        (500, 0),
+    ]
+    assert all(v.crc_valid for v in views)
+    assert bytes(out) == rebase_batches(first, 100, partition_leader_epoch=0) + rebase_batches(
+        second, 500, partition_leader_epoch=0
+    )
+
+
+def test_rebase_into_checks_framing_before_writing() -> None:
+    out = bytearray(b"\xee" * (2 * len(GOOD)))
+    with pytest.raises(RecordBatchError):
+        rebase_into(out, 0, GOOD + GOOD[:30], 0)
+    assert out == b"\xee" * (2 * len(GOOD))
 
 
 def test_rebase_uses_offset_deltas_not_record_counts() -> None:
