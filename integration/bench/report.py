@@ -90,8 +90,15 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Machine: {m['nproc']} cores ({m['cpu_model']}), {m['memory_gb']} GB RAM, Linux "
         f"{m['kernel']}, Python {m['python']}, {m['java']}, Apache Kafka {m['kafka']}. "
-        f"Load average at start {tuple(round(x, 2) for x in m['loadavg_at_start'])}; "
-        f"the machine was shared: {m['shared']}.",
+        f"Load average at start {tuple(round(x, 2) for x in m['loadavg_at_start'])}"
+        + (
+            f", at end {tuple(round(x, 2) for x in m['loadavg_at_end'])}"
+            if "loadavg_at_end" in m
+            else ""
+        )
+        + (f"; {m['shared']}" if "shared" in m else "")
+        + (f"; {m['note']}" if "note" in m else "")
+        + ".",
         "",
         f"Settings: {s['record_size']} B records, acks=all, batch.size={s['batch_size']}, "
         f"linger.ms={s['linger_ms']}, {s['records_per_produce_run']} records per produce run, "

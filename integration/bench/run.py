@@ -776,7 +776,6 @@ def machine() -> dict[str, Any]:
         "java": java.splitlines()[0] if java else "?",
         "loadavg_at_start": os.getloadavg(),
         "kafka": "4.3.1 (Maven jars)",
-        "shared": "other engineers' tests ran on the same machine during the run",
     }
 
 
@@ -787,12 +786,13 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies record counts")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--label", default="", help="suffix of the result file names")
+    parser.add_argument("--note", default="", help="what else ran on the machine, if known")
     args = parser.parse_args()
 
     started = datetime.datetime.now(datetime.UTC)
     report: dict[str, Any] = {
         "date": started.isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": {**machine(), **({"note": args.note} if args.note else {})},
         "settings": {
             "record_size": RECORD_SIZE,
             "batch_size": BATCH_SIZE,
@@ -816,6 +816,7 @@ def main() -> int:
             log(f"{name} failed: {exc!r}")
             report["systems"][name] = {"error": repr(exc)}
     report["duration_s"] = round((datetime.datetime.now(datetime.UTC) - started).total_seconds())
+    report["machine"]["loadavg_at_end"] = os.getloadavg()
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
