@@ -242,67 +242,36 @@ def test_flexible_responses_use_header_v1() -> None:
     assert encoded[4:9] == b"\x00\x00\x00\x09\x00"
 
 
-def test_records_as_memoryview_encode_like_bytes() -> None:
-    _, response = fetch(15)
+def _fetch_v15_answer(records: Any) -> Any:
+    """A FetchResponse v15 with one partition holding `records` (any bytes-like)."""
     module = schema("fetch", 15, "response")
-    batch = a_batch()
-    cache = bytearray(b"junk" + batch + b"junk")
-    view = memoryview(cache)[4 : 4 + len(batch)]
     partition = module.PartitionData(
         partition_index=0,
         error_code=ErrorCode.none,
         high_watermark=3,
         aborted_transactions=None,
-        records=batch,
+        records=records,
     )
-    with_bytes = module.FetchResponse(
+    return module.FetchResponse(
         throttle_time=ZERO,
         error_code=ErrorCode.none,
         responses=(module.FetchableTopicResponse(topic_id=TOPIC_ID, partitions=(partition,)),),
     )
-    with_view = module.FetchResponse(
-        throttle_time=ZERO,
-        error_code=ErrorCode.none,
-        responses=(
-            module.FetchableTopicResponse(
-                topic_id=TOPIC_ID,
-                partitions=(
-                    module.PartitionData(
-                        partition_index=0,
-                        error_code=ErrorCode.none,
-                        high_watermark=3,
-                        aborted_transactions=None,
-                        records=view,  # type: ignore[arg-type]
-                    ),
-                ),
-            ),
-        ),
+
+
+def test_records_as_memoryview_encode_like_bytes() -> None:
+    batch = a_batch()
+    cache = bytearray(b"junk" + batch + b"junk")
+    view = memoryview(cache)[4 : 4 + len(batch)]
+    assert encode_response(1, _fetch_v15_answer(view)) == encode_response(
+        1, _fetch_v15_answer(batch)
     )
-    assert encode_response(1, with_view) == encode_response(1, with_bytes)
 
 
 def test_response_parts_pass_large_records_through_uncopied() -> None:
-    module = schema("fetch", 15, "response")
     batch = a_batch()
     records = bytearray(batch * (70_000 // len(batch) + 1))  # over 64 KiB: passed as is
-    response = module.FetchResponse(
-        throttle_time=ZERO,
-        error_code=ErrorCode.none,
-        responses=(
-            module.FetchableTopicResponse(
-                topic_id=TOPIC_ID,
-                partitions=(
-                    module.PartitionData(
-                        partition_index=0,
-                        error_code=ErrorCode.none,
-                        high_watermark=3,
-                        aborted_transactions=None,
-                        records=records,  # type: ignore[arg-type]
-                    ),
-                ),
-            ),
-        ),
-    )
+    response = _fetch_v15_answer(records)
     parts = encode_response_parts(5, response)
     # Everything before the records is one part, then the records object itself, then
     # everything after it.
