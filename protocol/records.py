@@ -479,8 +479,9 @@ def rebase_batches(
 
     :raises RecordBatchError: CORRUPT_MESSAGE if ``data`` is not well framed.
     """
-    out = bytearray(len(data) if isinstance(data, bytes) else _bytes_view(data).nbytes)
-    rebase_into(out, 0, data, first_offset, partition_leader_epoch=partition_leader_epoch)
+    view = _bytes_view(data)
+    out = bytearray(view.nbytes)
+    rebase_into(out, 0, view, first_offset, partition_leader_epoch=partition_leader_epoch)
     return bytes(out)
 
 
