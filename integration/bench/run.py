@@ -432,24 +432,21 @@ def producers_perf(
     if errors:
         raise errors[0]
     wall = time.monotonic() - start
-    whole_run = (
-        {
-            "warmup_records": warmup,
-            "all_p50_ms": statistics.median(r["all_p50_ms"] for r in results),
-            "all_p99_ms": max(r["all_p99_ms"] for r in results),
-            "all_max_ms": max(r["all_max_ms"] for r in results),
+
+    def latencies(prefix: str) -> dict[str, float]:
+        """The producers' latencies: the median p50, the worst p99 and max."""
+        return {
+            f"{prefix}p50_ms": statistics.median(r[f"{prefix}p50_ms"] for r in results),
+            f"{prefix}p99_ms": max(r[f"{prefix}p99_ms"] for r in results),
+            f"{prefix}max_ms": max(r[f"{prefix}max_ms"] for r in results),
         }
-        if warmup
-        else {}
-    )
+
     return {
-        **whole_run,
+        **({"warmup_records": warmup, **latencies("all_")} if warmup else {}),
         "records": sum(r["records"] for r in results),
         "records_s": sum(r["records_s"] for r in results),
         "mb_s": sum(r["mb_s"] for r in results),
-        "p50_ms": statistics.median(r["p50_ms"] for r in results),
-        "p99_ms": max(r["p99_ms"] for r in results),
-        "max_ms": max(r["max_ms"] for r in results),
+        **latencies(""),
         "wall_s": wall,
     }
 
