@@ -13,7 +13,9 @@ Rules:
   response's API version calls for (``protocol.headers``), and the body. The
   body is written as a list of parts joined once, so the records bytes of a
   FetchResponse are copied exactly once, into the frame. Records may be given
-  as ``bytes``, a ``bytearray`` or a ``memoryview`` over a cache.
+  as ``bytes``, a ``bytearray``, a ``memoryview`` over a cache, or ``Gathered``
+  pieces (numbered batch heads and views of cached batch bodies), which are
+  laid out in the frame in order without being joined first.
   ``encode_response_parts`` returns the frame as parts instead, with the large
   ones (records) not copied at all, for a writer that sends them in order.
 - kio readers and writers are built once per entity class and cached.
@@ -57,6 +59,7 @@ __all__ = [
     "UnsupportedVersion",
     "Request",
     "Response",
+    "Gathered",
     "decode_entity",
     "decode_request",
     "decode_response",
@@ -76,6 +79,24 @@ _SIZE = struct.Struct(">i")
 _MAX_FRAME = 0x7FFFFFFF
 # encode_response_parts passes parts of this size or more through without joining them.
 LARGE_PART = 64 * 1024
+
+
+class Gathered:
+    """A bytes value given as pieces, for a records field of a response.
+
+    kio's writers take only ``len()`` of a bytes value and hand the value itself to
+    ``write``; ``encode_response_parts`` then lays the pieces out in its place. Nothing
+    else may read it as bytes.
+    """
+
+    __slots__ = ("pieces", "nbytes")
+
+    def __init__(self, pieces: list[bytes | memoryview]) -> None:
+        self.pieces = pieces
+        self.nbytes = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self.nbytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +245,7 @@ def encode_response_parts(
     parts = _frame_parts(encode_response_header(correlation_id, header_version), response)
     out: list[bytes | bytearray | memoryview] = []
     run: list[bytes | memoryview] = []
-    for part in parts:
+    for part in _flatten(parts):
         if len(part) < join_below:
             run.append(part)
             continue
@@ -235,6 +256,18 @@ def encode_response_parts(
     if run:
         out.append(b"".join(run))
     return out
+
+
+def _flatten(parts: list[Any]) -> list[bytes | memoryview]:
+    if not any(type(part) is Gathered for part in parts):
+        return parts
+    flat: list[bytes | memoryview] = []
+    for part in parts:
+        if type(part) is Gathered:
+            flat.extend(part.pieces)
+        else:
+            flat.append(part)
+    return flat
 
 
 def encode_request(

@@ -14,13 +14,12 @@ Rules:
 
 - A batch occupies ``12 + batchLength`` bytes. The CRC32C covers attributes
   to the end of the batch, so baseOffset, batchLength and the leader epoch can
-  be rewritten in place without recomputing it (``set_base_offset``,
-  ``rebase_batches``). A batch takes ``lastOffsetDelta + 1`` offsets.
+  be rewritten without recomputing it (``set_base_offset``, ``rebase_parts``). A batch takes ``lastOffsetDelta + 1`` offsets.
 - Attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
   4 zstd), bit 3 timestamp type (1 = LOG_APPEND_TIME), bit 4 transactional,
   bit 5 control.
 - The hot path (``RecordBatchView``, ``iter_batches``, ``validate_batches``,
-  ``rebase_batches``) reads headers only and never decodes or decompresses
+  ``rebase_parts``) reads headers only and never decodes or decompresses
   records. ``iter_records`` and ``build_batch`` do, for tools, tests and
   lookups by timestamp.
 - ``validate_batches`` answers what Apache Kafka answers (``KafkaApis``
@@ -85,7 +84,7 @@ __all__ = [
     "iter_batches",
     "iter_records",
     "rebase_batches",
-    "rebase_into",
+    "rebase_parts",
     "set_base_offset",
     "set_log_append_time",
     "validate_batches",
@@ -474,46 +473,45 @@ def rebase_batches(
 
     Each batch takes ``last_offset_delta + 1`` offsets. With
     ``partition_leader_epoch``, that epoch is written into every batch too
-    (also outside the CRC). See ``rebase_into`` for the form without a copy of
-    its own.
+    (also outside the CRC). See ``rebase_parts`` for the form without a copy.
 
     :raises RecordBatchError: CORRUPT_MESSAGE if ``data`` is not well framed.
     """
-    view = _bytes_view(data)
-    out = bytearray(view.nbytes)
-    rebase_into(out, 0, view, first_offset, partition_leader_epoch=partition_leader_epoch)
-    return bytes(out)
+    return b"".join(rebase_parts(data, first_offset, partition_leader_epoch=partition_leader_epoch))
 
 
-def rebase_into(
-    out: bytearray,
-    position: int,
+_HEAD = struct.Struct(">qii")  # baseOffset, batchLength, partitionLeaderEpoch
+
+
+def rebase_parts(
     data: BytesLike,
     first_offset: int,
     *,
     partition_leader_epoch: int | None = None,
-) -> int:
-    """Copy ``data`` into ``out`` at ``position``, its batches numbered from
-    ``first_offset`` (and stamped with ``partition_leader_epoch`` if given), as
-    ``rebase_batches`` numbers them. The bytes are copied exactly once, which
-    lets a Fetch answer gather the batches of several chunks into one buffer.
+) -> list[bytes | memoryview]:
+    """``data``'s batches numbered from ``first_offset``, without copying them: for each
+    batch, a new 16-byte head (baseOffset, batchLength, partitionLeaderEpoch) and a view
+    of the rest of the batch in ``data``, which must stay unchanged while the views are
+    in use. Written out in order, the parts are the batches, numbered.
 
-    Returns the position just after the copy. ``data`` is checked for framing
-    before anything is written.
+    The fields rewritten are outside the CRC, so it stays valid. Framing is checked
+    (``iter_batches``) before any part is made.
 
     :raises RecordBatchError: CORRUPT_MESSAGE if ``data`` is not well framed.
     """
     view = _bytes_view(data)
-    batches = [(b.position, b.last_offset_delta) for b in iter_batches(view)]
-    end = position + view.nbytes
-    out[position:end] = view
+    batches = list(iter_batches(view))
+    parts: list[bytes | memoryview] = []
     offset = first_offset
-    for at, last_offset_delta in batches:
-        _I64.pack_into(out, position + at, offset)
+    for batch in batches:
+        at = batch.position
+        _base_offset, batch_length, epoch = _HEAD.unpack_from(view, at)
         if partition_leader_epoch is not None:
-            _I32.pack_into(out, position + at + 12, partition_leader_epoch)
-        offset += last_offset_delta + 1
-    return end
+            epoch = partition_leader_epoch
+        parts.append(_HEAD.pack(offset, batch_length, epoch))
+        parts.append(view[at + _HEAD.size : at + LOG_OVERHEAD + batch_length])
+        offset += batch.last_offset_delta + 1
+    return parts
 
 
 # --- records: decoding and building (off the hot path) ---------------------

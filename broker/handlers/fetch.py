@@ -19,7 +19,8 @@ from broker.handlers import api, response_class
 from metadata import log as log_layer
 from metadata import topics as topics_layer
 from metadata import txns
-from protocol.records import iter_batches, rebase_into
+from protocol.codec import Gathered
+from protocol.records import iter_batches, rebase_parts
 
 API_KEY = 1
 READ_COMMITTED = 1
@@ -41,7 +42,7 @@ class _Wanted:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     aborted: list[tuple[int, int]] = field(default_factory=list)
-    records: bytes | bytearray = b""
+    records: Gathered | bytes = b""
     entries: list[log_layer.ChunkEntry] = field(default_factory=list)
 
 
@@ -96,11 +97,12 @@ def _select(
     end_offset: int,
     budget: int,
     must_take_one: bool,
-) -> tuple[bytearray, int]:
+) -> tuple[Gathered, int]:
     """Batches from fetch_offset on, within budget bytes; returns (records, bytes used).
 
-    The selected batches of every chunk are copied once, into one buffer, numbered."""
-    selected: list[tuple[memoryview, int]] = []  # (batches, offset of the first)
+    The records are the selected batches' new heads (their offsets) and views of their
+    bodies where they are (the cache): nothing is copied here."""
+    pieces: list[bytes | memoryview] = []
     used = 0
     for entry, data in entries_data:
         next_offset = entry.base_offset
@@ -122,16 +124,14 @@ def _select(
             sel_end = view.position + view.size
             used += view.size
         if sel_start >= 0:
-            selected.append((memoryview(data)[sel_start:sel_end], first_offset))
+            pieces += rebase_parts(
+                memoryview(data)[sel_start:sel_end],
+                first_offset,
+                partition_leader_epoch=LEADER_EPOCH,
+            )
         if full:
             break
-    records = bytearray(used)
-    position = 0
-    for batches, first in selected:
-        position = rebase_into(
-            records, position, batches, first, partition_leader_epoch=LEADER_EPOCH
-        )
-    return records, used
+    return Gathered(pieces), used
 
 
 @api(API_KEY, 4, 17)

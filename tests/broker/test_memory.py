@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A Fetch answer's allocations: four 256 KiB chunks read, each rebased (a copy), joined
-# into the records, then into the frame. Prints the minor page faults per answer.
+# Large short-lived buffers as the data path makes them: four 256 KiB chunks read, each
+# copied, joined, then framed. Prints the minor page faults per round.
 PATTERN = """
 import resource, sys
 sys.path.insert(0, {root!r})

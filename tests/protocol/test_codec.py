@@ -12,6 +12,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
 
 from protocol.codec import (
+    Gathered,
     decode_entity,
     decode_request,
     decode_response,
@@ -22,6 +23,7 @@ from protocol.codec import (
 )
 from protocol.errors import MalformedRequest, MalformedResponse, UnsupportedVersion
 from protocol.headers import RequestHeader, encode_request_header
+from protocol.records import rebase_parts
 
 ZERO = datetime.timedelta(0)
 TOPIC_ID = uuid.UUID("6ba7b810-9dad-11d1-80b4-00c04fd430c8")
@@ -281,6 +283,24 @@ def test_response_parts_pass_large_records_through_uncopied() -> None:
     # Small answers are a single part.
     _, small = metadata(12)
     assert encode_response_parts(9, small) == [encode_response(9, small)]
+
+
+def test_gathered_records_are_laid_out_in_place() -> None:
+    batch = a_batch()
+    cache = bytes(batch * (70_000 // len(batch) + 1))
+    big = memoryview(cache)  # over 64 KiB: passed through
+    head, rest = rebase_parts(big[: len(batch)], 0)
+    pieces = [head, rest, big[len(batch) :]]
+    response = _fetch_v15_answer(Gathered(pieces))
+    parts = encode_response_parts(5, response)
+    joined = b"".join(parts)
+    assert joined == encode_response(5, _fetch_v15_answer(b"".join(pieces)))
+    assert joined == encode_response(5, response)
+    # The large piece is the cached object's view itself, not a copy of it.
+    assert any(part is pieces[2] for part in parts)
+    assert decode_response(joined[4:], 1, 15).body.responses[0].partitions[0].records == (
+        b"".join(pieces)
+    )
 
 
 def test_decode_request_accepts_writable_buffers() -> None:

@@ -25,7 +25,7 @@ from protocol.records import (
     iter_batches,
     iter_records,
     rebase_batches,
-    rebase_into,
+    rebase_parts,
     set_base_offset,
     set_log_append_time,
     validate_batches,
@@ -377,13 +377,18 @@ def test_rebase_batches_can_stamp_the_leader_epoch() -> None:
     assert all(v.crc_valid for v in views)
 
 
-def test_rebase_into_gathers_several_inputs_into_one_buffer() -> None:
+def test_rebase_parts_number_batches_without_copying_them() -> None:
     first = GOOD + GOOD
     second = build_batch(RECORDS[:3], compression=Compression.GZIP)
-    out = bytearray(len(first) + len(second))
-    at = rebase_into(out, 0, memoryview(first), 100, partition_leader_epoch=0)
-    assert at == len(first)
-    assert rebase_into(out, at, second, 500, partition_leader_epoch=0) == len(out)
+    cache = bytes(b"junk" + first + second)
+    view = memoryview(cache)
+    parts = rebase_parts(view[4 : 4 + len(first)], 100, partition_leader_epoch=0)
+    parts += rebase_parts(view[4 + len(first) :], 500, partition_leader_epoch=0)
+    # Per batch: a new head, then the rest of the batch where it is.
+    assert [len(p) for p in parts[0::2]] == [16, 16, 16]
+    bodies = parts[1::2]
+    assert all(isinstance(p, memoryview) and p.obj is cache for p in bodies)
+    out = b"".join(parts)
     views = list(iter_batches(out))
     assert [(v.base_offset, v.partition_leader_epoch) for v in views] == [
         (100, 0),
@@ -391,16 +396,21 @@ def test_rebase_into_gathers_several_inputs_into_one_buffer() -> None:
         (500, 0),
     ]
     assert all(v.crc_valid for v in views)
-    assert bytes(out) == rebase_batches(first, 100, partition_leader_epoch=0) + rebase_batches(
+    assert out == rebase_batches(first, 100, partition_leader_epoch=0) + rebase_batches(
         second, 500, partition_leader_epoch=0
     )
 
 
-def test_rebase_into_checks_framing_before_writing() -> None:
-    out = bytearray(b"\xee" * (2 * len(GOOD)))
+def test_rebase_parts_keep_the_epoch_unless_told() -> None:
+    data = bytearray(GOOD)
+    struct.pack_into(">i", data, 12, 9)  # a leader epoch already set
+    (head, _body) = rebase_parts(data, 40)
+    assert struct.unpack(">qii", head) == (40, len(GOOD) - 12, 9)
+
+
+def test_rebase_parts_check_framing_first() -> None:
     with pytest.raises(RecordBatchError):
-        rebase_into(out, 0, GOOD + GOOD[:30], 0)
-    assert out == b"\xee" * (2 * len(GOOD))
+        rebase_parts(GOOD + GOOD[:30], 0)
 
 
 def test_rebase_uses_offset_deltas_not_record_counts() -> None:
