@@ -12,7 +12,9 @@ API allows, otherwise the connection is closed; the agent keeps serving everyone
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -65,6 +67,46 @@ class _Close(Exception):
 
 
 Frame = list[bytes | bytearray | memoryview]  # an answer's parts, written in order
+# At most this many parts per writev (Linux takes up to 1024).
+WRITEV_PARTS = 512
+
+
+async def send_frame(stream: anyio.abc.SocketStream, frame: Frame) -> None:
+    """Write an answer's parts in order.
+
+    When nothing is queued in the stream's transport, the parts go to the socket in one
+    writev: one system call, and the kernel packs the small parts (batch heads) together
+    with the large ones instead of sending each as a packet of its own. Whatever the socket
+    does not take then goes through the stream as usual, which queues it in order.
+    """
+    transport = getattr(stream, "_transport", None)
+    if len(frame) > 1 and isinstance(transport, asyncio.WriteTransport):
+        if transport.get_write_buffer_size() == 0 and not transport.is_closing():
+            fd = stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+            while frame:
+                batch = frame[:WRITEV_PARTS]
+                try:
+                    sent = os.writev(fd, batch)
+                except (BlockingIOError, InterruptedError):
+                    break
+                frame = _after(frame, sent)
+                if sent < sum(map(len, batch)):
+                    break
+    for part in frame:
+        await stream.send(part)
+
+
+def _after(frame: Frame, sent: int) -> Frame:
+    """The parts of frame from byte `sent` on."""
+    for index, part in enumerate(frame):
+        size = len(part)
+        if sent < size:
+            rest = frame[index:]
+            if sent:
+                rest[0] = memoryview(part)[sent:]
+            return rest
+        sent -= size
+    return []
 
 
 async def _handle_frame(
@@ -142,8 +184,7 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
                     tg.cancel_scope.cancel()
                     return
                 if data is not None:
-                    for part in data:
-                        await stream.send(part)
+                    await send_frame(stream, data)
 
     try:
         async with stream, anyio.create_task_group() as tg:
