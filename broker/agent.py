@@ -21,6 +21,7 @@ from broker.ingest import IngestPipeline
 from broker.readahead import ReadAhead
 from broker.sync import Notifier
 from metadata import cluster, keys, log, topics
+from metadata.chunk_cache import ChunkCache
 from metadata.cluster import Agent as AgentInfo
 from metadata.kv import KV, open_kv
 from storage.cache import ObjectCache, RangeReader
@@ -52,7 +53,8 @@ class Agent:
         self.sub = keys.cluster_subspace(config.cluster_name)
         self.cache = ObjectCache(config.cache_bytes)
         self.reader = RangeReader(store, self.cache)
-        self.read_ahead = ReadAhead(kv, self.sub, store, self.cache)
+        self.chunks = ChunkCache()
+        self.read_ahead = ReadAhead(kv, self.sub, store, self.cache, self.chunks)
         self.notifier = Notifier()
         self.pipeline = IngestPipeline(
             kv,

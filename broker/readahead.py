@@ -24,7 +24,8 @@ from collections import OrderedDict
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from metadata import keys, log
+from metadata import keys
+from metadata.chunk_cache import ChunkCache, read_chunks_cached
 from metadata.kv import KV
 from storage.cache import ObjectCache
 from storage.objectstore import ObjectStore
@@ -40,8 +41,16 @@ _Request = tuple[bytes, int, int, int]  # topic id, partition, from offset, max 
 
 
 class ReadAhead:
-    def __init__(self, kv: KV, sub: keys.Subspace, store: ObjectStore, cache: ObjectCache) -> None:
+    def __init__(
+        self,
+        kv: KV,
+        sub: keys.Subspace,
+        store: ObjectStore,
+        cache: ObjectCache,
+        chunks: ChunkCache,
+    ) -> None:
         self._kv = kv
+        self._chunks = chunks
         self._sub = sub
         self._store = store
         self._cache = cache
@@ -89,8 +98,15 @@ class ReadAhead:
         self, topic_id: bytes, partition: int, from_offset: int, max_bytes: int
     ) -> None:
         entries = await self._kv.read(
-            lambda tr: log.read_chunks(
-                tr, self._sub, topic_id, partition, from_offset, ENTRIES_PER_READ, max_bytes
+            lambda tr: read_chunks_cached(
+                tr,
+                self._chunks,
+                self._sub,
+                topic_id,
+                partition,
+                from_offset,
+                ENTRIES_PER_READ,
+                max_bytes,
             ),
             quick=True,
         )

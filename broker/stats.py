@@ -29,6 +29,7 @@ def snapshot(agent: Any) -> dict[str, Any]:
         "cache": dict(agent.cache.stats),
         "reader": dict(agent.reader.stats),
         "read_ahead": dict(agent.read_ahead.stats),
+        "chunk_cache": dict(agent.chunks.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
     }
 

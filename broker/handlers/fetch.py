@@ -19,6 +19,7 @@ from broker.handlers import api, response_class
 from metadata import log as log_layer
 from metadata import topics as topics_layer
 from metadata import txns
+from metadata.chunk_cache import read_chunks_cached
 from protocol.codec import Gathered
 from protocol.records import iter_batches, rebase_parts
 
@@ -72,14 +73,16 @@ def _read_partitions(agent: Any, wanted: list[_Wanted], read_committed: bool) ->
             aborted: list[tuple[int, int]] = []
             if state.log_start_offset <= w.fetch_offset < end:
                 # Only the entries a budget of partition_max_bytes can take from.
-                entries = log_layer.read_chunks(
+                entries = read_chunks_cached(
                     tr,
+                    agent.chunks,
                     agent.sub,
                     tid,
                     w.partition,
                     w.fetch_offset,
                     ENTRIES_PER_READ,
-                    max_bytes=w.partition_max_bytes,
+                    w.partition_max_bytes,
+                    state.high_watermark,
                 )
                 if read_committed:
                     aborted = txns.aborted_between(

@@ -1,0 +1,123 @@
+"""Chunk index entries kept in memory answer exactly what the index answers."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from metadata import keys, log, topics
+from metadata.chunk_cache import ChunkCache, read_chunks_cached
+from metadata.sqlite_kv import SQLiteKV
+
+SUB = keys.cluster_subspace("test")
+
+
+@pytest.fixture
+def kv(tmp_path):
+    store = SQLiteKV(str(tmp_path / "meta.db"))
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def topic(kv) -> topics.Topic:
+    return kv.transact_sync(
+        lambda tr: topics.create_topic(tr, SUB, "t", uuid.uuid4().bytes, 2, {}, 0)
+    )
+
+
+def append(kv, topic, rng: random.Random, entries: int, partition: int = 0) -> None:
+    """Entries of random sizes and offset counts, one object each."""
+    for _ in range(entries):
+        pending = log.PendingBatch(
+            topic_id=topic.topic_id,
+            partition=partition,
+            start=0,
+            length=rng.randint(1, 400),
+            last_offset_delta=rng.randint(0, 9),
+            max_timestamp=1000,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+        )
+        key = f"obj-{uuid.uuid4().hex}"
+        kv.transact_sync(lambda tr, k=key, b=pending: log.commit_ingest(tr, SUB, k, 10_000, 5, [b]))
+
+
+def both(kv, cache, topic, from_offset, limit, max_bytes, with_watermark=True):
+    """(through the cache, straight from the index), in one transaction."""
+
+    def txn(tr):
+        state = log.get_partition(tr, SUB, topic.topic_id, 0)
+        hw = state.high_watermark if with_watermark else None
+        cached = read_chunks_cached(
+            tr, cache, SUB, topic.topic_id, 0, from_offset, limit, max_bytes, hw
+        )
+        direct = log.read_chunks(tr, SUB, topic.topic_id, 0, from_offset, limit, max_bytes)
+        return cached, direct, state.high_watermark
+
+    return kv.read_sync(txn)
+
+
+def test_answers_match_the_index_while_it_grows(kv, topic):
+    rng = random.Random(7)
+    cache = ChunkCache(entries=24)
+    for _round in range(6):
+        append(kv, topic, rng, 15)
+        for _ in range(150):
+            hw = kv.read_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
+            from_offset = rng.randint(0, hw.high_watermark + 2)
+            limit = rng.choice([0, 1, 4, 16])
+            max_bytes = rng.choice([0, 1, 150, 600, 2000, 1 << 20])
+            cached, direct, _hw = both(
+                kv, cache, topic, from_offset, limit, max_bytes, rng.random() < 0.8
+            )
+            assert cached == direct, (from_offset, limit, max_bytes)
+    assert cache.stats["hits"] > 100  # the answers compared did come from memory
+
+
+def test_a_consumer_reading_forward_is_answered_from_memory(kv, topic):
+    append(kv, topic, random.Random(1), 40)
+    cache = ChunkCache()
+    hw = kv.read_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0)).high_watermark
+    offset, fetches = 0, 0
+    while offset < hw:
+        cached, direct, _hw = both(kv, cache, topic, offset, 16, 1000)
+        assert cached == direct
+        fetches += 1
+        offset = cached[-1].last_offset + 1
+        # A read-ahead asks for the next stretch before the consumer does.
+        kv.read_sync(
+            lambda tr, o=offset: read_chunks_cached(tr, cache, SUB, topic.topic_id, 0, o, 16, 1000)
+        )
+    assert fetches > 3
+    # Every Fetch after the first was answered from what the read-ahead read.
+    assert cache.stats["hits"] >= fetches - 1
+
+
+def test_entries_held_are_served_without_reading_the_index(kv, topic):
+    append(kv, topic, random.Random(2), 5)
+    cache = ChunkCache()
+    first, direct, hw = both(kv, cache, topic, 0, 16, 1 << 20)
+    assert first == direct and len(first) == 5
+    # Take the entries out of the store: an answer now can only come from memory.
+    kv.transact_sync(lambda tr: tr.clear_range(*SUB.range(keys.CHUNK, topic.topic_id, 0)))
+    again = kv.read_sync(
+        lambda tr: read_chunks_cached(tr, cache, SUB, topic.topic_id, 0, 0, 16, 1 << 20, hw)
+    )
+    assert again == first
+
+
+def test_bounded_per_partition_and_in_partitions(kv, topic):
+    append(kv, topic, random.Random(3), 30)
+    cache = ChunkCache(partitions=1, entries=8)
+    entries = kv.read_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    cache.add(topic.topic_id, 0, entries)
+    # Only the last 8 entries are held: an offset before them cannot be answered.
+    assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20) is None
+    assert cache.lookup(topic.topic_id, 0, entries[-8].base_offset, 4, 1 << 20) == entries[-8:-4]
+    # A second partition pushes the first out.
+    cache.add(topic.topic_id, 1, entries[:2])
+    assert cache.lookup(topic.topic_id, 0, entries[-8].base_offset, 4, 1 << 20) is None
