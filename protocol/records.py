@@ -84,6 +84,7 @@ __all__ = [
     "iter_batches",
     "iter_records",
     "rebase_batches",
+    "numbered_parts",
     "rebase_parts",
     "set_base_offset",
     "set_log_append_time",
@@ -489,29 +490,35 @@ def rebase_parts(
     *,
     partition_leader_epoch: int | None = None,
 ) -> list[bytes | memoryview]:
-    """``data``'s batches numbered from ``first_offset``, without copying them: for each
-    batch, a new 16-byte head (baseOffset, batchLength, partitionLeaderEpoch) and a view
-    of the rest of the batch in ``data``, which must stay unchanged while the views are
-    in use. Written out in order, the parts are the batches, numbered.
-
-    The fields rewritten are outside the CRC, so it stays valid. Framing is checked
-    (``iter_batches``) before any part is made.
+    """``data``'s batches numbered from ``first_offset``, without copying them: the
+    ``numbered_parts`` of each batch, in order. Written out, the parts are the batches,
+    numbered. Framing is checked (``iter_batches``) before any part is made.
 
     :raises RecordBatchError: CORRUPT_MESSAGE if ``data`` is not well framed.
     """
-    view = _bytes_view(data)
-    batches = list(iter_batches(view))
+    batches = list(iter_batches(data))
     parts: list[bytes | memoryview] = []
     offset = first_offset
     for batch in batches:
-        at = batch.position
-        _base_offset, batch_length, epoch = _HEAD.unpack_from(view, at)
-        if partition_leader_epoch is not None:
-            epoch = partition_leader_epoch
-        parts.append(_HEAD.pack(offset, batch_length, epoch))
-        parts.append(view[at + _HEAD.size : at + LOG_OVERHEAD + batch_length])
+        parts += numbered_parts(batch, offset, partition_leader_epoch)
         offset += batch.last_offset_delta + 1
     return parts
+
+
+def numbered_parts(
+    batch: RecordBatchView, base_offset: int, partition_leader_epoch: int | None = None
+) -> tuple[bytes, memoryview]:
+    """One batch as a new 16-byte head (baseOffset, batchLength, partitionLeaderEpoch,
+    the epoch kept unless given) and a view of the rest of it, which must stay unchanged
+    while the view is in use. The fields rewritten are outside the CRC, so it stays valid.
+    """
+    view = _bytes_view(batch.buffer)
+    at = batch.position
+    _base_offset, batch_length, epoch = _HEAD.unpack_from(view, at)
+    if partition_leader_epoch is not None:
+        epoch = partition_leader_epoch
+    head = _HEAD.pack(base_offset, batch_length, epoch)
+    return head, view[at + _HEAD.size : at + LOG_OVERHEAD + batch_length]
 
 
 # --- records: decoding and building (off the hot path) ---------------------

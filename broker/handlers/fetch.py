@@ -21,7 +21,7 @@ from metadata import topics as topics_layer
 from metadata import txns
 from metadata.chunk_cache import read_chunks_cached
 from protocol.codec import Gathered
-from protocol.records import iter_batches, rebase_parts
+from protocol.records import iter_batches, numbered_parts
 
 API_KEY = 1
 READ_COMMITTED = 1
@@ -109,31 +109,17 @@ def _select(
     used = 0
     for entry, data in entries_data:
         next_offset = entry.base_offset
-        sel_start = sel_end = first_offset = -1
-        full = False
         for view in iter_batches(data):
             batch_first = next_offset
             next_offset += view.last_offset_delta + 1
             if next_offset <= fetch_offset:
                 continue
             if batch_first >= end_offset:  # read_committed: not past the last stable offset
-                full = True
-                break
+                return Gathered(pieces), used
             if used + view.size > budget and not (must_take_one and used == 0):
-                full = True
-                break
-            if sel_start < 0:
-                sel_start, first_offset = view.position, batch_first
-            sel_end = view.position + view.size
+                return Gathered(pieces), used
+            pieces += numbered_parts(view, batch_first, LEADER_EPOCH)
             used += view.size
-        if sel_start >= 0:
-            pieces += rebase_parts(
-                memoryview(data)[sel_start:sel_end],
-                first_offset,
-                partition_leader_epoch=LEADER_EPOCH,
-            )
-        if full:
-            break
     return Gathered(pieces), used
 
 
