@@ -245,29 +245,19 @@ def encode_response_parts(
     parts = _frame_parts(encode_response_header(correlation_id, header_version), response)
     out: list[bytes | bytearray | memoryview] = []
     run: list[bytes | memoryview] = []
-    for part in _flatten(parts):
-        if len(part) < join_below:
-            run.append(part)
-            continue
-        if run:
-            out.append(b"".join(run))
-            run = []
-        out.append(part)
+    # kio hands a Gathered records value to write() as it is (see Gathered).
+    for part in cast("list[bytes | memoryview | Gathered]", parts):
+        for piece in part.pieces if isinstance(part, Gathered) else (part,):
+            if len(piece) < join_below:
+                run.append(piece)
+                continue
+            if run:
+                out.append(b"".join(run))
+                run = []
+            out.append(piece)
     if run:
         out.append(b"".join(run))
     return out
-
-
-def _flatten(parts: list[Any]) -> list[bytes | memoryview]:
-    if not any(type(part) is Gathered for part in parts):
-        return parts
-    flat: list[bytes | memoryview] = []
-    for part in parts:
-        if type(part) is Gathered:
-            flat.extend(part.pieces)
-        else:
-            flat.append(part)
-    return flat
 
 
 def encode_request(
