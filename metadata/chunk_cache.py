@@ -31,14 +31,8 @@ PARTITIONS = 4096
 ENTRIES = 64
 
 
-class _Run:
-    """Contiguous entries of one partition, in offset order."""
-
-    __slots__ = ("entries", "lasts")
-
-    def __init__(self, entries: list[ChunkEntry]) -> None:
-        self.entries = entries
-        self.lasts = [e.last_offset for e in entries]
+def _last_offset(entry: ChunkEntry) -> int:
+    return entry.last_offset
 
 
 def _contiguous_prefix(entries: list[ChunkEntry]) -> list[ChunkEntry]:
@@ -52,7 +46,8 @@ class ChunkCache:
     def __init__(self, partitions: int = PARTITIONS, entries: int = ENTRIES) -> None:
         self._partitions = partitions
         self._entries = entries
-        self._runs: OrderedDict[tuple[bytes, int], _Run] = OrderedDict()
+        # Per partition, contiguous entries in offset order.
+        self._runs: OrderedDict[tuple[bytes, int], list[ChunkEntry]] = OrderedDict()
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {"hits": 0, "misses": 0}
 
@@ -81,16 +76,20 @@ class ChunkCache:
 
     @staticmethod
     def _answer(
-        run: _Run, from_offset: int, limit: int, max_bytes: int, high_watermark: int | None
+        entries: list[ChunkEntry],
+        from_offset: int,
+        limit: int,
+        max_bytes: int,
+        high_watermark: int | None,
     ) -> list[ChunkEntry] | None:
-        entries = run.entries
         if from_offset < entries[0].base_offset:
             return None  # an earlier entry, not held, may hold from_offset
         if high_watermark is not None and from_offset >= high_watermark:
             return []  # no entry holds an offset at or past the watermark
         out: list[ChunkEntry] = []
         after_first = 0
-        for i in range(bisect_left(run.lasts, from_offset), len(entries)):
+        first = bisect_left(entries, from_offset, key=_last_offset)
+        for i in range(first, len(entries)):
             entry = entries[i]
             if high_watermark is not None and entry.base_offset >= high_watermark:
                 return out  # the end of the index in that transaction
@@ -112,13 +111,12 @@ class ChunkCache:
             return
         key = (topic_id, partition)
         with self._lock:
-            run = self._runs.get(key)
-            if run is not None:
-                held = run.entries
+            held = self._runs.get(key)
+            if held is not None:
                 if held[0].base_offset <= entries[0].base_offset <= held[-1].last_offset + 1:
                     # Extends (or lies inside) the run held.
                     entries = held + [e for e in entries if e.base_offset > held[-1].last_offset]
-            self._runs[key] = _Run(entries[-self._entries :])
+            self._runs[key] = entries[-self._entries :]
             self._runs.move_to_end(key)
             while len(self._runs) > self._partitions:
                 self._runs.popitem(last=False)
