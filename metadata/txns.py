@@ -241,13 +241,27 @@ def last_stable_offset(
 
 
 def aborted_between(
-    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int, start: int, end: int
-) -> list[tuple[int, int]]:
-    """(producer_id, first_offset) of aborted transactions overlapping [start, end)."""
+    tr: ReadTransaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    start: int,
+    end: int,
+    *,
+    scan_limit: int = 0,
+) -> list[tuple[int, int]] | None:
+    """(producer_id, first_offset) of aborted transactions overlapping [start, end).
+
+    Every abort marker from `start` on is read (a transaction that began before `end` may
+    end far after it). With `scan_limit`, None when there are more markers than that to read.
+    """
     _begin, range_end = sub.range(keys.ABORTED, topic_id, partition)
     begin = sub.key(keys.ABORTED, topic_id, partition, start)
+    rows = tr.get_range(begin, range_end, limit=scan_limit + 1 if scan_limit else 0)
+    if scan_limit and len(rows) > scan_limit:
+        return None
     out = []
-    for _key, value in tr.get_range(begin, range_end):
+    for _key, value in rows:
         pid, first = keys.unpack_value(value)
         if first < end:
             out.append((int(pid), int(first)))

@@ -738,6 +738,7 @@ async def test_sqlite_quick_read_runs_on_the_calling_thread(tmp_path: Path) -> N
     assert await kv.read(where, quick=True) == (here, b"v")
     thread, value = await kv.read(where)
     assert thread != here and value == b"v"
+    assert (kv.stats["reads"], kv.stats["quick_reads"]) == (2, 1)
     await kv.aclose()
 
 
@@ -799,6 +800,7 @@ async def test_sqlite_quick_read_goes_to_a_thread_when_sqlite_is_busy(
     assert await kv.read(lambda tr: tr.get(b"k"), quick=True) == b"v"
     assert attempts[0] == here and attempts[1:] and attempts[-1] != here
     assert kv.stats["retries"] == 1
+    assert kv.stats["quick_reads"] == 0  # the read that was done went to a thread
     monkeypatch.undo()
     assert await kv.read(lambda tr: tr.get(b"k"), quick=True) == b"v"
     await kv.aclose()

@@ -94,6 +94,32 @@ def test_open_transaction_holds_the_lso_and_an_abort_marker_indexes_it(kv, topic
     assert kv.transact_sync(lambda tr: txns.aborted_between(tr, SUB, topic.topic_id, 0, 7, 7)) == []
 
 
+def test_aborted_between_reads_at_most_scan_limit_markers(kv, topic):
+    pid = new_txn_producer(kv, "tx")
+    for i in range(5):  # each: two records, then an abort marker: 3 offsets per round
+        kv.transact_sync(
+            lambda tr: txns.add_partitions(tr, SUB, "tx", pid, 0, [(topic.topic_id, 0)], 1)
+        )
+        commit(kv, [batch(topic, 2, pid=pid, seq=2 * i, transactional=True)])
+        commit(kv, [batch(topic, 1, pid=pid, control=log.ABORT_MARKER, transactional=True)])
+
+    def between(start, end, limit):
+        return kv.transact_sync(
+            lambda tr: txns.aborted_between(
+                tr, SUB, topic.topic_id, 0, start, end, scan_limit=limit
+            )
+        )
+
+    everything = [(pid, 3 * i) for i in range(5)]
+    assert between(0, 15, 0) == everything
+    assert between(0, 15, 5) == everything
+    assert between(0, 15, 4) is None  # five markers to read, four allowed
+    # Markers are read from the start on, also those of transactions past the end.
+    assert between(0, 4, 5) == everything[:2]
+    assert between(0, 4, 4) is None
+    assert between(6, 15, 3) == everything[2:]
+
+
 def test_commit_marker_closes_without_indexing(kv, topic):
     pid = new_txn_producer(kv, "tx")
     kv.transact_sync(
