@@ -26,9 +26,12 @@ from protocol.records import iter_batches, numbered_parts
 API_KEY = 1
 READ_COMMITTED = 1
 ENTRIES_PER_READ = 16
-# A read of this many partitions or fewer (read_uncommitted) is a handful of point reads
-# and short ranges: the metadata store may run it without a thread switch.
+# A read of this many partitions or fewer is a handful of point reads and short ranges:
+# the metadata store may run it without a thread switch. read_committed also lists the
+# aborted transactions, which is not bounded; such a read stays quick while each partition
+# has at most QUICK_ABORT_MARKERS abort markers to read, and goes to a thread otherwise.
 QUICK_READ_PARTITIONS = 16
+QUICK_ABORT_MARKERS = 64
 LEADER_EPOCH = 0  # no replication, no truncation: one epoch forever
 
 
@@ -55,7 +58,13 @@ class _Read:
     aborted: list[tuple[int, int]]
 
 
-def _read_partitions(agent: Any, wanted: list[_Wanted], read_committed: bool) -> Any:
+class _LongRead(Exception):
+    """A quick read found more abort markers than it may read."""
+
+
+def _read_partitions(
+    agent: Any, wanted: list[_Wanted], read_committed: bool, abort_marker_limit: int = 0
+) -> Any:
     def txn(tr: Any) -> list[_Read]:
         out = []
         for w in wanted:
@@ -85,13 +94,35 @@ def _read_partitions(agent: Any, wanted: list[_Wanted], read_committed: bool) ->
                     state.high_watermark,
                 )
                 if read_committed:
-                    aborted = txns.aborted_between(
-                        tr, agent.sub, tid, w.partition, w.fetch_offset, end
+                    found = txns.aborted_between(
+                        tr,
+                        agent.sub,
+                        tid,
+                        w.partition,
+                        w.fetch_offset,
+                        end,
+                        scan_limit=abort_marker_limit,
                     )
+                    if found is None:
+                        raise _LongRead
+                    aborted = found
             out.append(_Read(state, lso, entries, aborted))
         return out
 
     return txn
+
+
+async def _read_states(
+    agent: Any, wanted: list[_Wanted], read_committed: bool, quick: bool
+) -> list[_Read]:
+    if quick:
+        try:
+            return await agent.kv.read(
+                _read_partitions(agent, wanted, read_committed, QUICK_ABORT_MARKERS), quick=True
+            )
+        except _LongRead:
+            pass
+    return await agent.kv.read(_read_partitions(agent, wanted, read_committed))
 
 
 def _select(
@@ -167,10 +198,9 @@ async def handle(request: Any, ctx: Any) -> Any:
     max_bytes = int(getattr(request, "max_bytes", 2**31 - 1))
     deadline = anyio.current_time() + max_wait
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    # read_committed also lists aborted transactions, which is not bounded.
-    quick = not read_committed and len(wanted) <= QUICK_READ_PARTITIONS
+    quick = len(wanted) <= QUICK_READ_PARTITIONS
     while True:
-        states = await agent.kv.read(_read_partitions(agent, wanted, read_committed), quick=quick)
+        states = await _read_states(agent, wanted, read_committed, quick)
         reads: list[tuple[str, int, int]] = []
         for w, read in zip(wanted, states, strict=True):
             if w.topic is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -306,3 +307,75 @@ def test_describe_and_list_transactions_and_producers(txn_broker):
     assert active.producer_id == described[0].producer_id
     assert active.current_txn_start_offset == 0
     producer.abort_transaction(15)
+
+
+def _metadata_stats(broker: BrokerProcess) -> dict[str, int]:
+    """The agent's metadata counters, once its stats file has caught up (written each second)."""
+    time.sleep(1.5)
+    stats = json.loads((broker.data_dir / f"stats-{broker.port}.json").read_text())
+    return stats["metadata"]
+
+
+def test_read_committed_past_more_aborted_transactions_than_a_quick_read_takes(txn_broker):
+    """A Fetch from offset 0 must list all 100 aborted transactions, more than a metadata
+    read on the event loop may take (64 markers); it reads them in a thread instead."""
+    bs = txn_broker.bootstrap
+    create_topic(bs, "tx-many", 1)
+    producer = txn_producer(bs, "many")
+    expected = []
+    for t in range(150):
+        producer.begin_transaction()
+        value = b"many-%d" % t
+        producer.produce("tx-many", value=value, partition=0)
+        producer.flush(15)
+        if t % 3 == 0:
+            producer.commit_transaction(15)
+            expected.append(value)
+        else:
+            producer.abort_transaction(15)
+    before = _metadata_stats(txn_broker)
+    committed = read_all(bs, "tx-many", 1, "read_committed")
+    assert [v for _p, _o, v in committed] == expected
+    after = _metadata_stats(txn_broker)
+    if "quick_reads" in before:  # SQLite: the long read went to a thread
+        assert after["reads"] - after["quick_reads"] > before["reads"] - before["quick_reads"]
+
+
+def test_read_committed_fetches_read_metadata_on_the_event_loop(txn_broker):
+    """With no transactions to list, a read_committed Fetch reads its metadata without a
+    thread switch, as a read_uncommitted one does."""
+    bs = txn_broker.bootstrap
+    create_topic(bs, "tx-quick", 1)
+    # One record per batch (batch.size), so that a Fetch takes two of them.
+    plain = Producer({"bootstrap.servers": bs, "acks": "all", "batch.size": 6000})
+    for i in range(200):
+        plain.produce("tx-quick", value=b"%05d" % i + b"x" * 5000, partition=0)
+    assert plain.flush(15) == 0
+    before = _metadata_stats(txn_broker)
+    if "quick_reads" not in before:
+        pytest.skip("this metadata store has no thread-free reads (FoundationDB)")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bs,
+            "group.id": "quick",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "max.partition.fetch.bytes": 12000,  # two records per Fetch: about 100 Fetches
+        }
+    )
+    consumer.assign([TopicPartition("tx-quick", 0, 0)])
+    got = 0
+    deadline = time.monotonic() + 30
+    while got < 200 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got += 1
+    consumer.close()
+    assert got == 200
+    after = _metadata_stats(txn_broker)
+    quick = after["quick_reads"] - before["quick_reads"]
+    threaded = (after["reads"] - after["quick_reads"]) - (before["reads"] - before["quick_reads"])
+    # About one quick read per Fetch. What goes to threads meanwhile is the agent's own
+    # background reads (topic cache, watermark polls), not one per Fetch.
+    assert quick >= 90, (quick, threaded)
+    assert threaded < quick / 2, (quick, threaded)
