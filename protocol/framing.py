@@ -10,10 +10,9 @@ Rules:
   buffered, and again on every later call: the connection is dead.
 - ``receive_data(b"")`` means the peer closed its side (as in h11). A frame
   left half-received at that point is a ``MalformedFrame``.
-- Frames are returned as ``bytes`` without the size prefix. The buffer is one
-  ``bytearray`` with a read position that is compacted only when the consumed
-  part is large, so many small frames and one 50 MiB frame both cost one copy
-  of each byte into the buffer and one copy out.
+- Frames are returned as ``bytes`` without the size prefix. Received bytes are
+  kept as they came (views of them), and each frame is copied out once: a frame
+  that spans many reads is joined from them in one step, not grown in a buffer.
 - Nothing here touches a socket: the caller reads and writes.
 
 ``ClientConnection`` is the client side (used by tests and tools): it encodes
@@ -23,6 +22,7 @@ requests with fresh correlation ids and matches responses to them.
 from __future__ import annotations
 
 import struct
+from collections import deque
 
 from kio.static.protocol import RequestPayload
 
@@ -46,9 +46,6 @@ DEFAULT_MAX_FRAME_SIZE = 104_857_600
 """100 MiB, Apache Kafka's default ``socket.request.max.bytes``."""
 
 _SIZE = struct.Struct(">i")
-# Compact only once this much has been consumed and it is over half the buffer,
-# so that compaction costs O(1) amortised per byte.
-_COMPACT_THRESHOLD = 1 << 16
 
 
 def frame(payload: bytes) -> bytes:
@@ -61,13 +58,17 @@ def frame(payload: bytes) -> bytes:
 class _FrameReader:
     """Splits a byte stream into size-prefixed frames."""
 
-    __slots__ = ("_buffer", "_position", "_max_frame_size", "_eof", "_error")
+    __slots__ = ("_chunks", "_offset", "_buffered", "_size", "_max_frame_size", "_eof", "_error")
 
     def __init__(self, max_frame_size: int) -> None:
         if max_frame_size < 0:
             raise ValueError("max_frame_size must not be negative")
-        self._buffer = bytearray()
-        self._position = 0
+        # What was received and not yet returned: the received bytes objects, of which
+        # the first is used up to _offset.
+        self._chunks: deque[bytes] = deque()
+        self._offset = 0
+        self._buffered = 0
+        self._size = -1  # the size of the frame being received, once its prefix is read
         self._max_frame_size = max_frame_size
         self._eof = False
         self._error: ProtocolError | None = None
@@ -79,7 +80,7 @@ class _FrameReader:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buffer) - self._position
+        return self._buffered + (4 if self._size >= 0 else 0)
 
     @property
     def at_eof(self) -> bool:
@@ -92,44 +93,69 @@ class _FrameReader:
         if not data:
             self._eof = True
             return
-        position = self._position
-        if position:
-            buffer = self._buffer
-            if position == len(buffer):
-                buffer.clear()
-                self._position = 0
-            elif position >= _COMPACT_THRESHOLD and position * 2 >= len(buffer):
-                del buffer[:position]
-                self._position = 0
-        self._buffer += data
+        if type(data) is not bytes:
+            data = bytes(data)  # the caller may reuse its buffer
+        self._chunks.append(data)
+        self._buffered += len(data)
 
     def next_frame(self) -> bytes | None:
         if self._error is not None:
             raise self._error
-        buffer = self._buffer
-        position = self._position
-        available = len(buffer) - position
-        if available >= 4:
-            (size,) = _SIZE.unpack_from(buffer, position)
+        size = self._size
+        if size < 0 and self._buffered >= 4:
+            first = self._chunks[0]
+            if len(first) - self._offset >= 4:
+                (size,) = _SIZE.unpack_from(first, self._offset)
+                self._skip(4)
+            else:
+                (size,) = _SIZE.unpack(self._take(4))
             if size < 0:
                 self._error = MalformedFrame(f"remote sent a negative frame size ({size})")
                 raise self._error
             if size > self._max_frame_size:
                 self._error = FrameTooLarge(size, self._max_frame_size)
                 raise self._error
-            if available >= 4 + size:
-                start = position + 4
-                end = start + size
-                with memoryview(buffer) as view:
-                    payload = bytes(view[start:end])
-                self._position = end
-                return payload
-        if self._eof and available:
+            self._size = size
+        if size >= 0 and self._buffered >= size:
+            self._size = -1
+            return self._take(size)
+        if self._eof and self.buffered:
             self._error = MalformedFrame(
-                f"stream ended inside a frame ({available} bytes left unparsed)"
+                f"stream ended inside a frame ({self.buffered} bytes left unparsed)"
             )
             raise self._error
         return None
+
+    def _skip(self, n: int) -> None:
+        """Drop n bytes that lie in the first chunk."""
+        self._buffered -= n
+        self._offset += n
+        if self._offset == len(self._chunks[0]):
+            self._chunks.popleft()
+            self._offset = 0
+
+    def _take(self, n: int) -> bytes:
+        """The next n received bytes (n <= buffered), copied once at most."""
+        if n == 0:
+            return b""
+        chunks = self._chunks
+        first, offset = chunks[0], self._offset
+        if len(first) - offset >= n:
+            self._skip(n)
+            if offset == 0 and len(first) == n:
+                return first  # a whole chunk: no copy
+            return first[offset : offset + n]
+        self._buffered -= n
+        parts: list[bytes | memoryview] = [memoryview(chunks.popleft())[offset:]]
+        n -= len(parts[0])
+        while n and n >= len(chunks[0]):
+            chunk = chunks.popleft()
+            parts.append(chunk)
+            n -= len(chunk)
+        if n:
+            parts.append(memoryview(chunks[0])[:n])
+        self._offset = n
+        return b"".join(parts)
 
 
 class ServerConnection:
