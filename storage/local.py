@@ -59,6 +59,12 @@ class LocalObjectStore:
         await self._run(partial(_put_file, path, key, data, if_absent))
         self.stats["bytes_put"] += len(data)
 
+    def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        path = self._path(key)
+        self.stats["puts"] += 1
+        self._wrapped(partial(_put_file, path, key, data, if_absent))
+        self.stats["bytes_put"] += len(data)
+
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object; a negative start means the last -start bytes."""
         _check_range(start, end)
@@ -89,8 +95,12 @@ class LocalObjectStore:
         pass
 
     async def _run(self, func: Callable[[], _T]) -> _T:
+        return await anyio.to_thread.run_sync(self._wrapped, func, limiter=self._limiter)
+
+    def _wrapped(self, func: Callable[[], _T]) -> _T:
+        """func(), with a failure of the file system raised as ObjectStoreError."""
         try:
-            return await anyio.to_thread.run_sync(func, limiter=self._limiter)
+            return func()
         except ObjectStoreError:
             raise
         except OSError as exc:

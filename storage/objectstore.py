@@ -47,6 +47,10 @@ class ObjectStore(Protocol):
         """
         ...
 
+    def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        """The blocking form of put, for a caller that is already in a worker thread."""
+        ...
+
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object (end None = to the end).
 

@@ -123,6 +123,11 @@ class S3ObjectStore:
         await self._run(partial(self._put, key, data, if_absent))
         self.stats["bytes_put"] += len(data)
 
+    def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        self.stats["puts"] += 1
+        self._wrapped(partial(self._put, key, data, if_absent))
+        self.stats["bytes_put"] += len(data)
+
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object; a negative start means the last -start bytes."""
         if start < 0 and end is not None:
@@ -146,8 +151,12 @@ class S3ObjectStore:
         await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
 
     async def _run(self, func: Callable[[], _T]) -> _T:
+        return await anyio.to_thread.run_sync(self._wrapped, func, limiter=self._limiter)
+
+    def _wrapped(self, func: Callable[[], _T]) -> _T:
+        """func(), with a failure of S3 or of the connection raised as ObjectStoreError."""
         try:
-            return await anyio.to_thread.run_sync(func, limiter=self._limiter)
+            return func()
         except ObjectStoreError:
             raise
         except (ClientError, BotoCoreError) as exc:

@@ -65,6 +65,19 @@ async def test_if_absent_conflict_keeps_original(store: ObjectStore) -> None:
     assert await store.get("once") == b"first"
 
 
+async def test_put_sync_from_a_worker_thread(store: ObjectStore) -> None:
+    puts = store.stats["puts"]  # type: ignore[attr-defined]
+    await anyio.to_thread.run_sync(lambda: store.put_sync("sync/one", b"first", if_absent=True))
+    assert await store.get("sync/one") == b"first"
+    with pytest.raises(ObjectExistsError):
+        await anyio.to_thread.run_sync(
+            lambda: store.put_sync("sync/one", b"second", if_absent=True)
+        )
+    await anyio.to_thread.run_sync(lambda: store.put_sync("sync/one", b"third"))
+    assert await store.get("sync/one") == b"third"
+    assert store.stats["puts"] == puts + 3  # type: ignore[attr-defined]
+
+
 async def test_overwrite_without_if_absent(store: ObjectStore) -> None:
     await store.put("k", b"first")
     await store.put("k", b"second, longer")
