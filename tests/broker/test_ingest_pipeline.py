@@ -1,0 +1,222 @@
+"""The produce pipeline in one process: real SQLite metadata and a real local folder store.
+
+Where a test needs a slow or failing upload, the store is the real local store with a
+delay or an error put in front of its writes; nothing else is replaced.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from kio.schema.errors import ErrorCode
+
+from broker.ingest import IngestPipeline
+from broker.sync import Notifier
+from metadata import keys, log, topics
+from metadata.log import AppendResult
+from metadata.sqlite_kv import SQLiteKV
+from protocol.records import build_batch, iter_batches, iter_records
+from storage.cache import ObjectCache
+from storage.local import LocalObjectStore
+from storage.objectstore import ObjectStoreError
+
+SUB = keys.cluster_subspace("pipeline-test")
+
+
+class FaultyStore(LocalObjectStore):
+    """The local store, with writes that may wait or fail first (chosen per call)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(str(root))
+        self.before_put: Callable[[int], None] = lambda n: None
+        self.calls = 0
+        self._calls_lock = threading.Lock()
+
+    def _before(self) -> None:
+        with self._calls_lock:
+            self.calls += 1
+            n = self.calls
+        self.before_put(n)
+
+    async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        await anyio.to_thread.run_sync(self._before)
+        await super().put(key, data, if_absent=if_absent)
+
+    def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        self._before()
+        super().put_sync(key, data, if_absent=if_absent)
+
+
+class Setup:
+    def __init__(self, tmp_path: Path) -> None:
+        self.kv = SQLiteKV(tmp_path / "meta.db", retry_deadline=1.0, busy_timeout=0.05)
+        self.store = FaultyStore(tmp_path / "objects")
+        self.cache = ObjectCache(64 << 20)
+        self.topic = self.kv.transact_sync(
+            lambda tr: topics.create_topic(tr, SUB, "t", uuid.uuid4().bytes, 4, {}, 0)
+        )
+
+    def pipeline(self, **options: Any) -> IngestPipeline:
+        return IngestPipeline(
+            self.kv,
+            SUB,
+            self.store,
+            self.cache,
+            Notifier(),
+            flush_interval_ms=options.pop("flush_interval_ms", 5),
+            flush_bytes=options.pop("flush_bytes", 1 << 20),
+            **options,
+        )
+
+    def values(self, partition: int) -> list[bytes]:
+        """The record values of a partition, in offset order, read back from the store."""
+
+        def read(tr: Any) -> list[log.ChunkEntry]:
+            return log.read_chunks(tr, SUB, self.topic.topic_id, partition, 0, 100_000)
+
+        out = []
+        for entry in self.kv.read_sync(read):
+            with open(Path(self.store.root) / entry.object_key, "rb") as f:
+                f.seek(entry.start)
+                data = f.read(entry.length)
+            for batch in iter_batches(data):
+                out += [r.value for r in iter_records(batch)]
+        return out
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
+    s = Setup(tmp_path)
+    yield s
+    await s.kv.aclose()
+
+
+def batch(value: bytes, records: int = 1) -> tuple[bytes, Any]:
+    data = build_batch([(None, value + b"-%d" % i, (), 1000) for i in range(records)])
+    (view,) = iter_batches(data)
+    return data, view
+
+
+async def append_all(
+    pipeline: IngestPipeline, topic_id: bytes, wanted: list[tuple[int, bytes]]
+) -> list[AppendResult]:
+    """Queue every (partition, value) in this order, then wait for all the answers."""
+    promises = [pipeline.enqueue(topic_id, p, *batch(v)) for p, v in wanted]
+    return [await promise.wait() for promise in promises]
+
+
+async def test_one_flush_numbers_each_partition_in_arrival_order(setup: Setup) -> None:
+    pipeline = setup.pipeline(flush_interval_ms=50)
+    wanted = [(0, b"a0"), (1, b"b0"), (0, b"a1"), (2, b"c0"), (1, b"b1"), (0, b"a2")]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        results = await append_all(pipeline, setup.topic.topic_id, wanted)
+        tg.cancel_scope.cancel()
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 1),
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 1),
+        (ErrorCode.none, 2),
+    ]
+    assert pipeline.stats.flushes == 1 and setup.store.stats["puts"] == 1
+    assert setup.values(0) == [b"a0-0", b"a1-0", b"a2-0"]
+    assert setup.values(1) == [b"b0-0", b"b1-0"]
+    # the object is in the cache for tailing consumers
+    (key,) = [k for k in setup.cache._objects]
+    assert (Path(setup.store.root) / key).read_bytes() == setup.cache.get(key)
+
+
+async def test_overlapping_flushes_commit_in_the_order_batches_arrived(setup: Setup) -> None:
+    # Small flushes, uploads that take random times: later flushes often finish first.
+    rng = random.Random(5)
+    setup.store.before_put = lambda n: time.sleep(rng.choice((0, 0, 0.001, 0.01, 0.03)))
+    pipeline = setup.pipeline(flush_interval_ms=1, flush_bytes=1)
+    wanted = [(i % 3, b"v%d" % i) for i in range(120)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        promises = []
+        for p, v in wanted:
+            promises.append(pipeline.enqueue(setup.topic.topic_id, p, *batch(v)))
+            if rng.random() < 0.3:
+                await anyio.sleep(0.001)
+        results = [await promise.wait() for promise in promises]
+        tg.cancel_scope.cancel()
+    assert all(r.error == ErrorCode.none for r in results)
+    # The uploads really overlapped: flushes were committed together.
+    assert pipeline.stats.flushes >= 10 and pipeline.stats.commits < pipeline.stats.flushes
+    for p in range(3):
+        values = [v + b"-0" for q, v in wanted if q == p]
+        assert setup.values(p) == values
+        offsets = [r.base_offset for (q, _v), r in zip(wanted, results, strict=True) if q == p]
+        assert offsets == list(range(len(values)))
+
+
+async def test_a_failed_upload_answers_storage_error_and_later_flushes_go_on(
+    setup: Setup,
+) -> None:
+    def fail_second(n: int) -> None:
+        if n == 2:
+            raise ObjectStoreError("disk full")
+
+    setup.store.before_put = fail_second
+    pipeline = setup.pipeline(flush_interval_ms=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        results = []
+        for i in range(4):  # one flush each
+            results += await append_all(pipeline, setup.topic.topic_id, [(0, b"x%d" % i)])
+        tg.cancel_scope.cancel()
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.kafka_storage_error, -1),
+        (ErrorCode.none, 1),
+        (ErrorCode.none, 2),
+    ]
+    assert pipeline.stats.failed_flushes == 1
+    assert setup.values(0) == [b"x0-0", b"x2-0", b"x3-0"]
+
+
+async def test_a_failed_commit_answers_storage_error_and_acks_nothing_of_it(
+    setup: Setup, tmp_path: Path
+) -> None:
+    pipeline = setup.pipeline(flush_interval_ms=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        first = await append_all(pipeline, setup.topic.topic_id, [(0, b"before")])
+        # Another process holds SQLite's write lock past the commit's retry deadline.
+        blocker = sqlite3.connect(tmp_path / "meta.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        failed = await append_all(pipeline, setup.topic.topic_id, [(0, b"during"), (1, b"d")])
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        after = await append_all(pipeline, setup.topic.topic_id, [(0, b"after")])
+        tg.cancel_scope.cancel()
+    assert (first[0].error, first[0].base_offset) == (ErrorCode.none, 0)
+    assert [r.error for r in failed] == [ErrorCode.kafka_storage_error] * 2
+    assert (after[0].error, after[0].base_offset) == (ErrorCode.none, 1)
+    assert setup.values(0) == [b"before-0", b"after-0"]
+    assert setup.values(1) == []
+
+
+async def test_stopping_with_flushes_in_flight_does_not_hang(setup: Setup) -> None:
+    # The first upload is slow; the ones after it are done and wait for their turn.
+    setup.store.before_put = lambda n: time.sleep(0.5 if n == 1 else 0)
+    pipeline = setup.pipeline(flush_interval_ms=1, flush_bytes=1)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipeline.run)
+            for i in range(5):
+                pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"s%d" % i))
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
