@@ -7,16 +7,20 @@ transaction. Uploads may overlap; commits happen strictly in flush order, so a
 producer's pipelined requests keep their order. No batch is answered before its object
 is durable and its commit is done.
 
-Group commit: one committer task commits every uploaded flush that is next in flush
-order, all in one metadata transaction (each file still gets its own `commit_ingest`).
-While a transaction runs, the flushes uploaded meanwhile wait and go together in the
-next one, so commits never queue one behind the other. If that transaction fails,
-every flush in it is answered KAFKA_STORAGE_ERROR (nothing of it is acked).
+Each flush goes to a worker thread once: it uploads there and then commits there too,
+in the same thread. Group commit: the thread that commits takes every uploaded flush
+that is next in flush order into one metadata transaction (each file still gets its own
+`commit_ingest`). A flush uploaded while another thread commits is left to that thread,
+which looks again when its transaction is done, so commits never queue one behind the
+other and no thread waits for another. If a transaction fails, every flush in it is
+answered KAFKA_STORAGE_ERROR (nothing of it is acked).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,14 +50,22 @@ class _Queued:
     promise: Promise[AppendResult]
 
 
-@dataclass(slots=True)
-class _Uploaded:
-    """One flush whose object is durable, waiting for its turn to be committed."""
+@dataclass(slots=True, eq=False)
+class _Flush:
+    """One flush's object on its way to the log: uploaded, then committed in its turn."""
 
+    seq: int
     key: str
-    size: int
+    data: bytes
     pending: list[PendingBatch]
-    outcome: Promise[list[AppendResult]]
+    order: list[int]  # the buffer index of each pending batch
+    loop: asyncio.AbstractEventLoop
+    done: Promise[None]  # resolved by the thread that commits it, if not its own
+    # Set under the pipeline's commit lock:
+    results: list[AppendResult] | None = None
+    uploaded: bool = False
+    failed: bool = False  # the upload or the commit failed: nothing of it is acked
+    handed_off: bool = False  # its own thread returned before it was committed
 
 
 @dataclass(slots=True)
@@ -93,11 +105,14 @@ class IngestPipeline:
         self._oldest = 0.0
         self._arrived = anyio.Event()
         self._full = anyio.Event()
-        # Flush order: run() numbers flushes; the committer takes them in that order.
+        # Flush order: run() numbers flushes; they are committed in that order. The
+        # worker threads keep that order under _commit_lock.
         self._next_flush = 0
+        self._commit_lock = threading.Lock()
+        self._uploaded: dict[int, _Flush | None] = {}  # None: not to be committed
         self._next_commit = 0
-        self._uploaded: dict[int, _Uploaded | None] = {}  # None: the upload failed
-        self._upload_done = anyio.Event()
+        self._committing = False
+        self._threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self.stats = PipelineStats()
 
     async def append(
@@ -124,7 +139,6 @@ class IngestPipeline:
     async def run(self) -> None:
         """The flusher loop; runs for the life of the agent in its root task group."""
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._committer)
             while True:
                 await self._arrived.wait()
                 deadline = self._oldest + self._interval
@@ -143,27 +157,35 @@ class IngestPipeline:
                 tg.start_soon(self._flush, items, seq)
 
     async def _flush(self, items: list[_Queued], seq: int) -> None:
-        uploaded: _Uploaded | None = None
-        order: list[int] = []
+        results = [AppendResult(ErrorCode.kafka_storage_error)] * len(items)
+        flush: _Flush | None = None
         try:
             try:
-                uploaded, order = await self._upload(items)
-            except Exception as exc:  # the store failed: nothing is acked
-                log.warning("upload of %d batches failed: %s", len(items), exc)
-                self.stats.failed_flushes += 1
-            finally:
-                # Even a failed upload takes its turn, so later flushes are not held back.
-                self._uploaded[seq] = uploaded
-                self._upload_done.set()
-            if uploaded is None:
-                results = [AppendResult(ErrorCode.kafka_storage_error)] * len(items)
-            else:
-                committed = await uploaded.outcome.wait()
-                results = [AppendResult(ErrorCode.unknown_server_error)] * len(items)
-                for i, result in zip(order, committed, strict=True):
+                flush = self._prepare(items, seq)
+                # Into the cache first: no reader looks for this key before its commit.
+                self._cache.put(flush.key, flush.data)
+                committed = await anyio.to_thread.run_sync(
+                    self._upload_and_commit, flush, limiter=self._threads
+                )
+                if committed is None:  # another thread commits it
+                    await flush.done.wait()
+                    committed = flush.results
+                assert committed is not None
+                for i, result in zip(flush.order, committed, strict=True):
                     results[i] = result
+            except Exception:
+                log.exception("flush of %d batches failed", len(items))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._give_up_turn(seq)  # nothing to do once it took its turn
         finally:
             self._flush_slots.release()
+        if flush is not None and flush.uploaded:
+            self.stats.flushes += 1
+            self.stats.batches += len(items)
+            self.stats.bytes += len(flush.data)
+        if flush is not None and (flush.failed or flush.results is None):
+            self._cache.discard(flush.key)  # never committed
         touched = set()
         for item, result in zip(items, results, strict=True):
             item.promise.set(result)
@@ -171,8 +193,8 @@ class IngestPipeline:
         for key in touched:
             self._notifier.notify(key)
 
-    async def _upload(self, items: list[_Queued]) -> tuple[_Uploaded, list[int]]:
-        """Write the flush's object; returns it with the item index of each pending batch."""
+    def _prepare(self, items: list[_Queued], seq: int) -> _Flush:
+        """The flush's object and what its commit will record, on the event loop."""
         # Group per partition, keeping arrival order inside each partition.
         groups: dict[tuple[bytes, int], list[int]] = {}
         for i, item in enumerate(items):
@@ -182,9 +204,6 @@ class IngestPipeline:
             for (topic_id, partition), idx in groups.items()
         ]
         data, locations = encode_ingest_file(chunks)
-        key = new_object_key()
-        await self._store.put(key, data, if_absent=True)
-        self._cache.put(key, data)
         order: list[int] = []
         pending: list[PendingBatch] = []
         for idx, location in zip(groups.values(), locations, strict=True):
@@ -206,41 +225,93 @@ class IngestPipeline:
                         transactional=view.is_transactional,
                     )
                 )
-        self.stats.flushes += 1
-        self.stats.batches += len(items)
-        self.stats.bytes += len(data)
-        return _Uploaded(key, len(data), pending, Promise()), order
+        loop = asyncio.get_running_loop()
+        return _Flush(seq, new_object_key(), data, pending, order, loop, Promise())
 
-    async def _committer(self) -> None:
-        """Commit uploaded flushes in flush order, all that are ready in one transaction."""
+    async def _give_up_turn(self, seq: int) -> None:
+        """If flush seq never took its turn (it failed before its upload, or was cancelled),
+        give it up, so that the flushes after it are not held back."""
+        with self._commit_lock:
+            if seq < self._next_commit or seq in self._uploaded:
+                return
+        await anyio.to_thread.run_sync(self._take_turn, seq, None)
+
+    # -- in worker threads ---------------------------------------------------------------
+
+    def _upload_and_commit(self, flush: _Flush) -> list[AppendResult] | None:
+        """Upload the flush's object, then commit what is next in order unless another
+        thread is committing. Returns the flush's results, or None when another thread
+        commits it (flush.done resolves then)."""
+        try:
+            self._store.put_sync(flush.key, flush.data, if_absent=True)
+        except Exception as exc:  # the store failed: nothing is acked
+            log.warning("upload of %d batches failed: %s", len(flush.pending), exc)
+            with self._commit_lock:
+                self.stats.failed_flushes += 1
+                flush.failed = True
+            self._take_turn(flush.seq, None)
+            return [AppendResult(ErrorCode.kafka_storage_error)] * len(flush.pending)
+        flush.uploaded = True
+        self._take_turn(flush.seq, flush)
+        with self._commit_lock:
+            if flush.results is None:
+                flush.handed_off = True
+            return flush.results
+
+    def _take_turn(self, seq: int, flush: _Flush | None) -> None:
+        """Flush seq is uploaded (None: it is not to be committed). Unless another thread
+        is committing, commit every uploaded flush that is next in order, until none is."""
+        with self._commit_lock:
+            self._uploaded[seq] = flush
+            if self._committing:
+                return  # that thread looks again when its transaction is done
+            self._committing = True
         while True:
-            await self._upload_done.wait()
-            self._upload_done = anyio.Event()
-            group: list[_Uploaded] = []
-            while self._next_commit in self._uploaded:
-                uploaded = self._uploaded.pop(self._next_commit)
-                self._next_commit += 1
-                if uploaded is not None:
-                    group.append(uploaded)
-            if not group:
-                continue
-            now_ms = int(self._clock() * 1000)
+            with self._commit_lock:
+                group: list[_Flush] = []
+                while self._next_commit in self._uploaded:
+                    uploaded = self._uploaded.pop(self._next_commit)
+                    self._next_commit += 1
+                    if uploaded is not None:
+                        group.append(uploaded)
+                if not group:
+                    self._committing = False
+                    return
+            self._commit(group)
 
-            def txn(
-                tr: Any, group: list[_Uploaded] = group, now_ms: int = now_ms
-            ) -> list[list[AppendResult]]:
-                return [
-                    commit_ingest(tr, self._sub, u.key, u.size, now_ms, u.pending) for u in group
-                ]
+    def _commit(self, group: list[_Flush]) -> None:
+        """One metadata transaction for the group; then each flush has its results."""
+        now_ms = int(self._clock() * 1000)
 
-            try:
-                committed = await self._kv.transact(txn)
-            except Exception as exc:  # the metadata store failed: nothing of it is acked
-                log.warning("commit of %d flushes failed: %s", len(group), exc)
+        def txn(tr: Any) -> list[list[AppendResult]]:
+            return [
+                commit_ingest(tr, self._sub, f.key, len(f.data), now_ms, f.pending) for f in group
+            ]
+
+        try:
+            committed = self._kv.transact_sync(txn)
+            failed = False
+        except Exception as exc:  # the metadata store failed: nothing of it is acked
+            log.warning("commit of %d flushes failed: %s", len(group), exc)
+            committed = [
+                [AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending) for f in group
+            ]
+            failed = True
+        with self._commit_lock:
+            if failed:
                 self.stats.failed_flushes += len(group)
-                for u in group:
-                    u.outcome.set([AppendResult(ErrorCode.kafka_storage_error)] * len(u.pending))
-                continue
-            self.stats.commits += 1
-            for u, results in zip(group, committed, strict=True):
-                u.outcome.set(results)
+            else:
+                self.stats.commits += 1
+            for f, results in zip(group, committed, strict=True):
+                f.results = results
+                f.failed = failed
+                if f.handed_off:
+                    _wake(f.loop, f.done)
+
+
+def _wake(loop: asyncio.AbstractEventLoop, promise: Promise[None]) -> None:
+    """Resolve a promise of the event loop from a worker thread."""
+    try:
+        loop.call_soon_threadsafe(promise.set, None)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass

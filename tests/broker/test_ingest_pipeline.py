@@ -220,3 +220,23 @@ async def test_stopping_with_flushes_in_flight_does_not_hang(setup: Setup) -> No
                 pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"s%d" % i))
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
+
+
+async def test_a_flush_that_fails_before_its_upload_does_not_hold_back_the_next(
+    setup: Setup,
+) -> None:
+    # A partition number the ingest file cannot hold: building that flush's object fails.
+    pipeline = setup.pipeline(flush_interval_ms=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        first = await append_all(pipeline, setup.topic.topic_id, [(0, b"one")])
+        bad = await append_all(pipeline, setup.topic.topic_id, [(2**31, b"bad")])
+        after = await append_all(pipeline, setup.topic.topic_id, [(0, b"two"), (1, b"b")])
+        tg.cancel_scope.cancel()
+    assert [(r.error, r.base_offset) for r in first + bad + after] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.kafka_storage_error, -1),
+        (ErrorCode.none, 1),
+        (ErrorCode.none, 0),
+    ]
+    assert setup.values(0) == [b"one-0", b"two-0"]
