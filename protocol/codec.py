@@ -34,6 +34,7 @@ from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 from kio.static.protocol import Entity, RequestPayload, ResponsePayload
 
+from . import produce
 from .errors import (
     LocalProtocolError,
     MalformedRequest,
@@ -198,7 +199,10 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
             header.api_key, header.api_version, header.correlation_id, header.client_id
         )
     try:
-        body, _consumed = _reader(schema)(data, offset)
+        if header.api_key == produce.API_KEY and header.api_version in produce.VERSIONS:
+            body = produce.decode_produce_body(data, offset, header.api_version)
+        else:
+            body, _consumed = _reader(schema)(data, offset)
     except Exception as error:
         # Whatever kio raises here is about the bytes we were given.
         raise MalformedRequest(

@@ -1,0 +1,133 @@
+"""Produce request bodies, decoded without copying their records.
+
+A Produce request is almost all records. kio's reader copies each partition's records out
+of the frame into a new bytes object; here they are views of the frame instead, and the
+rest (a few names and numbers) becomes the same kio entities kio's reader would build,
+with the same values: plain ints and strings, the timeout as a timedelta, a null array as
+None. What does not parse raises (struct.error, ValueError, UnicodeDecodeError), as
+kio's reader does, and the caller reports it as a malformed request.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import struct
+from functools import cache
+from typing import Any
+
+API_KEY = 0
+# Versions whose layout this module reads: 3-8 classic, 9-11 flexible (compact fields and
+# tagged fields). Later versions name topics by id.
+VERSIONS = range(3, 12)
+FIRST_FLEXIBLE = 9
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_ACKS_TIMEOUT = struct.Struct(">hi")
+
+
+@cache
+def _classes(version: int) -> tuple[Any, Any, Any]:
+    module = importlib.import_module(f"kio.schema.produce.v{version}.request")
+    return module.ProduceRequest, module.TopicProduceData, module.PartitionProduceData
+
+
+def decode_produce_body(data: bytes | memoryview, offset: int, version: int) -> Any:
+    """The ProduceRequest of `version` whose body starts at data[offset]; each
+    partition's records are a memoryview of data (None when null)."""
+    if version not in VERSIONS:
+        raise ValueError(f"Produce v{version} is not read here")
+    request_cls, topic_cls, partition_cls = _classes(version)
+    flexible = version >= FIRST_FLEXIBLE
+    view = memoryview(data)
+    size = len(data)
+
+    def length(position: int) -> tuple[int, int]:
+        """A string, bytes or array length at position: -1 for null."""
+        if flexible:
+            value, position = _uvarint(data, position)
+            return value - 1, position
+        return _I32.unpack_from(data, position)[0], position + 4
+
+    def string(position: int, nullable: bool) -> tuple[str | None, int]:
+        if flexible:
+            n, position = length(position)
+        else:
+            n = _I16.unpack_from(data, position)[0]
+            position += 2
+        if n < 0:
+            if n == -1 and nullable:
+                return None, position
+            raise ValueError("a string where null is not allowed, or a negative length")
+        end = position + n
+        if end > size:
+            raise ValueError("a string past the end of the request")
+        return str(view[position:end], "utf-8"), end
+
+    def tags(position: int) -> int:
+        if not flexible:
+            return position
+        count, position = _uvarint(data, position)
+        for _ in range(count):
+            _tag, position = _uvarint(data, position)
+            n, position = _uvarint(data, position)
+            position += n
+        if position > size:
+            raise ValueError("tagged fields past the end of the request")
+        return position
+
+    transactional_id, offset = string(offset, True)
+    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(data, offset)
+    offset += 6
+    topic_count, offset = length(offset)
+    topics: tuple[Any, ...] | None = None
+    if topic_count >= 0:
+        topic_list = []
+        for _ in range(topic_count):
+            name, offset = string(offset, False)
+            partition_count, offset = length(offset)
+            partitions: tuple[Any, ...] | None = None
+            if partition_count >= 0:
+                partition_list = []
+                for _ in range(partition_count):
+                    index = _I32.unpack_from(data, offset)[0]
+                    n, offset = length(offset + 4)
+                    records: memoryview | None = None
+                    if n >= 0:
+                        end = offset + n
+                        if end > size:
+                            raise ValueError("records past the end of the request")
+                        records = view[offset:end]
+                        offset = end
+                    elif n != -1:
+                        raise ValueError(f"a records length of {n}")
+                    offset = tags(offset)
+                    partition_list.append(partition_cls(index=index, records=records))
+                partitions = tuple(partition_list)
+            elif partition_count != -1:
+                raise ValueError(f"an array length of {partition_count}")
+            offset = tags(offset)
+            topic_list.append(topic_cls(name=name, partition_data=partitions))
+        topics = tuple(topic_list)
+    elif topic_count != -1:
+        raise ValueError(f"an array length of {topic_count}")
+    tags(offset)
+    return request_cls(
+        transactional_id=transactional_id,
+        acks=acks,
+        timeout=datetime.timedelta(milliseconds=timeout_ms),
+        topic_data=topics,
+    )
+
+
+def _uvarint(data: bytes | memoryview, position: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes (Kafka's lengths and counts)."""
+    value = 0
+    for shift in range(0, 35, 7):
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+    raise ValueError("a varint longer than 5 bytes")
