@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 class _Queued:
     topic_id: bytes
     partition: int
-    data: bytes
+    data: bytes | memoryview
     view: RecordBatchView
     promise: Promise[AppendResult]
 
@@ -116,13 +116,13 @@ class IngestPipeline:
         self.stats = PipelineStats()
 
     async def append(
-        self, topic_id: bytes, partition: int, data: bytes, view: RecordBatchView
+        self, topic_id: bytes, partition: int, data: bytes | memoryview, view: RecordBatchView
     ) -> AppendResult:
         """Queue one validated batch; returns once it is durable and has offsets (or failed)."""
         return await self.enqueue(topic_id, partition, data, view).wait()
 
     def enqueue(
-        self, topic_id: bytes, partition: int, data: bytes, view: RecordBatchView
+        self, topic_id: bytes, partition: int, data: bytes | memoryview, view: RecordBatchView
     ) -> Promise[AppendResult]:
         """Queue one validated batch now; the promise resolves once it is durable and has
         offsets (or failed). Batches are committed in the order they are queued."""

@@ -66,13 +66,13 @@ class ChunkLocation:
 
 
 def encode_ingest_file(
-    chunks: Sequence[tuple[bytes, int, Sequence[bytes]]],
+    chunks: Sequence[tuple[bytes, int, Sequence[bytes | memoryview]]],
 ) -> tuple[bytes, list[ChunkLocation]]:
     """Build one ingest file from (topic_id, partition, raw batches) items.
 
     Returns the object and the location of every chunk, in the input order.
     """
-    parts: list[bytes] = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
+    parts: list[bytes | memoryview] = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
     entries: list[bytes] = []
     locations: list[ChunkLocation] = []
     position = HEADER_SIZE

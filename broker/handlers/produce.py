@@ -41,7 +41,7 @@ async def handle(request: Any, ctx: Any) -> Any:
     agent = ctx.agent
     answers: dict[tuple[str, int], dict[str, Any]] = {}
     order: list[tuple[str, int]] = []
-    queued: list[tuple[tuple[str, int], bytes, int, bytes, Any]] = []
+    queued: list[tuple[tuple[str, int], bytes, int, bytes | memoryview, Any]] = []
 
     # Hold this connection's turn until the batches are queued: a producer's pipelined
     # requests must reach the log in the order it sent them.
@@ -71,7 +71,9 @@ async def handle(request: Any, ctx: Any) -> Any:
                         pdata.index, AppendResult(exc.error_code), str(exc) or None
                     )
                     continue
-                queued.append((key, topic.topic_id, pdata.index, bytes(records), view))
+                # A view of the request frame (see protocol.produce): copied once, into
+                # the flush's object.
+                queued.append((key, topic.topic_id, pdata.index, records, view))
 
         # Kafka answers bad partitions first, and then judges what is left as a whole.
         transactional = any(view.is_transactional for *_rest, view in queued)
