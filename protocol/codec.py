@@ -199,9 +199,13 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
             header.api_key, header.api_version, header.correlation_id, header.client_id
         )
     try:
+        body = None
         if header.api_key == produce.API_KEY and header.api_version in produce.VERSIONS:
-            body = produce.decode_produce_body(data, offset, header.api_version)
-        else:
+            try:
+                body = produce.decode_produce_body(data, offset, header.api_version)
+            except produce.ManyPartitions:
+                pass
+        if body is None:
             body, _consumed = _reader(schema)(data, offset)
     except Exception as error:
         # Whatever kio raises here is about the bytes we were given.

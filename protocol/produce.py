@@ -17,6 +17,10 @@ from functools import cache
 from typing import Any
 
 API_KEY = 0
+# A request for more partitions than this is left to kio's reader: it builds each
+# partition's entity in native code, faster than Python does, and the copy it saves
+# here is then small beside that (the saving is about 30 us per MiB of records).
+MAX_PARTITIONS = 8
 # Versions whose layout this module reads: 3-8 classic, 9-11 flexible (compact fields and
 # tagged fields). Later versions name topics by id.
 VERSIONS = range(3, 12)
@@ -27,6 +31,10 @@ _I32 = struct.Struct(">i")
 _ACKS_TIMEOUT = struct.Struct(">hi")
 
 
+class ManyPartitions(Exception):
+    """The request names more than MAX_PARTITIONS partitions: read it with kio instead."""
+
+
 @cache
 def _classes(version: int) -> tuple[Any, Any, Any]:
     module = importlib.import_module(f"kio.schema.produce.v{version}.request")
@@ -35,7 +43,10 @@ def _classes(version: int) -> tuple[Any, Any, Any]:
 
 def decode_produce_body(data: bytes | memoryview, offset: int, version: int) -> Any:
     """The ProduceRequest of `version` whose body starts at data[offset]; each
-    partition's records are a memoryview of data (None when null)."""
+    partition's records are a memoryview of data (None when null).
+
+    :raises ManyPartitions: before reading any records, when there are too many.
+    """
     if version not in VERSIONS:
         raise ValueError(f"Produce v{version} is not read here")
     request_cls, topic_cls, partition_cls = _classes(version)
@@ -82,11 +93,17 @@ def decode_produce_body(data: bytes | memoryview, offset: int, version: int) -> 
     offset += 6
     topic_count, offset = length(offset)
     topics: tuple[Any, ...] | None = None
+    if topic_count > MAX_PARTITIONS:
+        raise ManyPartitions
     if topic_count >= 0:
         topic_list = []
+        total = 0
         for _ in range(topic_count):
             name, offset = string(offset, False)
             partition_count, offset = length(offset)
+            total += max(partition_count, 0)
+            if total > MAX_PARTITIONS:
+                raise ManyPartitions
             partitions: tuple[Any, ...] | None = None
             if partition_count >= 0:
                 partition_list = []

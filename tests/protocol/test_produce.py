@@ -57,11 +57,13 @@ def test_same_entities_as_kio_and_records_are_views_of_the_frame(version: int) -
         body = decode_request(frame).body
         assert type(body) is type(request)
         assert body == request == kio_decode(frame)
-        for topic in body.topic_data:
-            for partition in topic.partition_data:
-                if partition.records is not None:
-                    assert isinstance(partition.records, memoryview)
-                    assert partition.records.obj is frame
+        partitions = [p for topic in body.topic_data for p in topic.partition_data]
+        for partition in partitions:
+            if partition.records is not None and len(partitions) <= produce.MAX_PARTITIONS:
+                assert isinstance(partition.records, memoryview)
+                assert partition.records.obj is frame
+            elif partition.records is not None:  # many partitions: kio read it, a copy
+                assert type(partition.records) is bytes
 
 
 @pytest.mark.parametrize("version", [3, 8, 9, 11])
