@@ -61,8 +61,7 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "flush-interval-ms",
         int,
         None,
-        "flushes start at most this often unless --flush-bytes are buffered; no batch "
-        "waits longer (default: 2 local, 250 S3)",
+        "longest a produced batch waits for its flush (default: 2 local, 250 S3)",
     ),
     ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
     ("cluster-name", str, "default", "name of the cluster inside the metadata store"),

@@ -1,11 +1,8 @@
 """The produce pipeline: buffer, one object per flush, one metadata commit, then the acks.
 
 Batches from every connection and partition collect in one buffer. A flush starts when
-the buffer holds `flush_bytes`, and otherwise at most once per `flush_interval_ms`: a
-batch that arrives when the last flush started longer ago than that is flushed at once,
-and one that arrives sooner waits for the interval to end. So no batch waits longer than
-the interval, and an agent makes at most one flush per interval unless its buffer
-fills. Each flush uploads one ingest file (if-absent) and then commits it in one metadata
+the buffer holds `flush_bytes` or its oldest batch has waited `flush_interval_ms`. Each
+flush uploads one ingest file (if-absent) and then commits it in one metadata
 transaction. Uploads may overlap; commits happen strictly in flush order, so a
 producer's pipelined requests keep their order. No batch is answered before its object
 is durable and its commit is done.
@@ -105,7 +102,7 @@ class IngestPipeline:
         self._clock = clock
         self._buffer: list[_Queued] = []
         self._buffered_bytes = 0
-        self._last_start = -1e9  # when the last flush started
+        self._oldest = 0.0
         self._arrived = anyio.Event()
         self._full = anyio.Event()
         # Flush order: run() numbers flushes; they are committed in that order. The
@@ -131,6 +128,7 @@ class IngestPipeline:
         offsets (or failed). Batches are committed in the order they are queued."""
         promise: Promise[AppendResult] = Promise()
         if not self._buffer:
+            self._oldest = anyio.current_time()
             self._arrived.set()
         self._buffer.append(_Queued(topic_id, partition, data, view, promise))
         self._buffered_bytes += len(data)
@@ -143,7 +141,7 @@ class IngestPipeline:
         async with anyio.create_task_group() as tg:
             while True:
                 await self._arrived.wait()
-                deadline = self._last_start + self._interval
+                deadline = self._oldest + self._interval
                 while self._buffered_bytes < self._flush_bytes:
                     remaining = deadline - anyio.current_time()
                     if remaining <= 0:
@@ -151,7 +149,6 @@ class IngestPipeline:
                     with anyio.move_on_after(remaining):
                         await self._full.wait()
                 await self._flush_slots.acquire()
-                self._last_start = anyio.current_time()
                 items, self._buffer = self._buffer, []
                 self._buffered_bytes = 0
                 self._arrived = anyio.Event()

@@ -240,34 +240,3 @@ async def test_a_flush_that_fails_before_its_upload_does_not_hold_back_the_next(
         (ErrorCode.none, 0),
     ]
     assert setup.values(0) == [b"one-0", b"two-0"]
-
-
-async def test_a_batch_after_a_quiet_interval_is_flushed_at_once(setup: Setup) -> None:
-    pipeline = setup.pipeline(flush_interval_ms=2000)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pipeline.run)
-        started = anyio.current_time()
-        (result,) = await append_all(pipeline, setup.topic.topic_id, [(0, b"alone")])
-        took = anyio.current_time() - started
-        tg.cancel_scope.cancel()
-    assert result.error == ErrorCode.none
-    assert took < 1.0  # not the 2 s interval
-
-
-async def test_flushes_start_at_most_once_per_interval(setup: Setup) -> None:
-    pipeline = setup.pipeline(flush_interval_ms=400)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pipeline.run)
-        started = anyio.current_time()
-        first = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"first"))
-        await anyio.sleep(0.05)  # the first flush has started by now
-        later = [pipeline.enqueue(setup.topic.topic_id, p, *batch(b"later")) for p in (0, 1)]
-        await first.wait()
-        first_took = anyio.current_time() - started
-        results = [await promise.wait() for promise in later]
-        later_took = anyio.current_time() - started
-        tg.cancel_scope.cancel()
-    assert first_took < 0.3
-    assert later_took >= 0.35  # they waited for the interval after the first flush began
-    assert [r.base_offset for r in results] == [1, 0]
-    assert pipeline.stats.flushes == 2
