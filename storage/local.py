@@ -54,10 +54,9 @@ class LocalObjectStore:
         return f"LocalObjectStore({self.root!r})"
 
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
-        path = self._path(key)
-        self.stats["puts"] += 1
-        await self._run(partial(_put_file, path, key, data, if_absent))
-        self.stats["bytes_put"] += len(data)
+        await anyio.to_thread.run_sync(
+            partial(self.put_sync, key, data, if_absent=if_absent), limiter=self._limiter
+        )
 
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         path = self._path(key)

@@ -119,9 +119,9 @@ class S3ObjectStore:
         return f"S3ObjectStore(s3://{self.bucket}/{self.prefix})"
 
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
-        self.stats["puts"] += 1
-        await self._run(partial(self._put, key, data, if_absent))
-        self.stats["bytes_put"] += len(data)
+        await anyio.to_thread.run_sync(
+            partial(self.put_sync, key, data, if_absent=if_absent), limiter=self._limiter
+        )
 
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         self.stats["puts"] += 1
