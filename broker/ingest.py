@@ -59,7 +59,6 @@ class _Flush:
     data: bytes
     pending: list[PendingBatch]
     order: list[int]  # the buffer index of each pending batch
-    loop: asyncio.AbstractEventLoop
     done: Promise[None]  # resolved by the thread that commits it, if not its own
     # Set under the pipeline's commit lock:
     results: list[AppendResult] | None = None
@@ -113,6 +112,7 @@ class IngestPipeline:
         self._next_commit = 0
         self._committing = False
         self._threads = anyio.CapacityLimiter(max_concurrent_flushes)
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by run()
         self.stats = PipelineStats()
 
     async def append(
@@ -138,6 +138,7 @@ class IngestPipeline:
 
     async def run(self) -> None:
         """The flusher loop; runs for the life of the agent in its root task group."""
+        self._loop = asyncio.get_running_loop()  # where worker threads resolve promises
         async with anyio.create_task_group() as tg:
             while True:
                 await self._arrived.wait()
@@ -225,8 +226,7 @@ class IngestPipeline:
                         transactional=view.is_transactional,
                     )
                 )
-        loop = asyncio.get_running_loop()
-        return _Flush(seq, new_object_key(), data, pending, order, loop, Promise())
+        return _Flush(seq, new_object_key(), data, pending, order, Promise())
 
     async def _give_up_turn(self, seq: int) -> None:
         """If flush seq never took its turn (it failed before its upload, or was cancelled),
@@ -306,11 +306,12 @@ class IngestPipeline:
                 f.results = results
                 f.failed = failed
                 if f.handed_off:
-                    _wake(f.loop, f.done)
+                    _wake(self._loop, f.done)
 
 
-def _wake(loop: asyncio.AbstractEventLoop, promise: Promise[None]) -> None:
+def _wake(loop: asyncio.AbstractEventLoop | None, promise: Promise[None]) -> None:
     """Resolve a promise of the event loop from a worker thread."""
+    assert loop is not None  # flushes start only in run()
     try:
         loop.call_soon_threadsafe(promise.set, None)
     except RuntimeError:  # the loop is closed: nobody waits any more
