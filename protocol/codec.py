@@ -18,7 +18,9 @@ Rules:
   laid out in the frame in order without being joined first.
   ``encode_response_parts`` returns the frame as parts instead, with the large
   ones (records) not copied at all, for a writer that sends them in order.
-- kio readers and writers are built once per entity class and cached.
+- kio readers and writers are built once per entity class and cached. Produce
+  requests for a few partitions are read by ``protocol.produce`` instead, which
+  leaves their records as views of the frame.
 - The client-side pair ``encode_request`` / ``decode_response`` serves tests
   and tools.
 """
@@ -208,7 +210,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
         if body is None:
             body, _consumed = _reader(schema)(data, offset)
     except Exception as error:
-        # Whatever kio raises here is about the bytes we were given.
+        # Whatever kio's reader or protocol.produce raises here is about the bytes given.
         raise MalformedRequest(
             f"{schema.__name__} v{header.api_version} body does not parse: {error}",
             api_key=header.api_key,

@@ -14,7 +14,8 @@ Rules:
 
 - A batch occupies ``12 + batchLength`` bytes. The CRC32C covers attributes
   to the end of the batch, so baseOffset, batchLength and the leader epoch can
-  be rewritten without recomputing it (``set_base_offset``, ``rebase_parts``). A batch takes ``lastOffsetDelta + 1`` offsets.
+  be rewritten without recomputing it (``set_base_offset``, ``rebase_parts``).
+  A batch takes ``lastOffsetDelta + 1`` offsets.
 - Attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
   4 zstd), bit 3 timestamp type (1 = LOG_APPEND_TIME), bit 4 transactional,
   bit 5 control.
