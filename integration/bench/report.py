@@ -11,14 +11,15 @@ from typing import Any
 
 # (workload, figure, label, higher is better)
 ROWS: list[tuple[str, str, str, bool]] = []
-for _w in (
+ROWS_PRODUCE = (
     "produce-1p-1x-none",
     "produce-1p-1x-zstd",
     "produce-64p-1x-none",
     "produce-64p-3x-none",
     "produce-64p-3x-zstd",
     "produce-1000p-1x-none",
-):
+)
+for _w in ROWS_PRODUCE:
     ROWS += [
         (_w, "mb_s", "MB/s", True),
         (_w, "records_s", "records/s", True),
@@ -48,6 +49,14 @@ ROWS += [
     ("end-to-end-1000-per-s", "produce_p99_ms", "produce p99 ms", False),
     ("end-to-end-1000-per-s", "e2e_p50_ms", "end-to-end p50 ms", False),
     ("end-to-end-1000-per-s", "e2e_p99_ms", "end-to-end p99 ms", False),
+]
+
+# Throughput figures whose every run is listed, in run order.
+SPREAD_ROWS = [
+    *((_w, "mb_s", "MB/s") for _w in ROWS_PRODUCE),
+    ("consume-1p", "mb_s", "MB/s"),
+    ("python-confluent-kafka", "produce_mb_s", "produce MB/s"),
+    ("python-confluent-kafka", "consume_mb_s", "consume MB/s"),
 ]
 
 COST_WORKLOADS = [
@@ -102,7 +111,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Settings: {s['record_size']} B records, acks=all, batch.size={s['batch_size']}, "
         f"linger.ms={s['linger_ms']}, {s['records_per_produce_run']} records per produce run, "
-        f"median of {s['runs']} runs. Clients, brokers and the machine's other load share the "
+        f"median of {s['runs']} runs"
+        + (
+            f", after a warm-up of {s['warmup_records']} records produced and consumed"
+            if s.get("warmup_records")
+            else ""
+        )
+        + ". Clients, brokers and the machine's other load share the "
         f"same {m['nproc']} cores. Run took {report.get('duration_s', '?')} s.",
         "",
     ]
@@ -129,6 +144,16 @@ def markdown(report: dict[str, Any]) -> str:
         + (" | –" * len(others) if kafka else "")
         + " |"
     )
+    lines += ["", "## Runs behind the medians", ""]
+    lines += ["| workload | figure | " + " | ".join(systems) + " |"]
+    lines.append("|" + "---|" * (2 + len(systems)))
+    for workload, figure, label in SPREAD_ROWS:
+        cells = []
+        for n in systems:
+            runs = report["systems"][n].get(workload, {}).get("runs") or []
+            cells.append(", ".join(fmt(r.get(figure)) for r in runs) or "–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {workload} | {label} | " + " | ".join(cells) + " |")
     lines += ["", "## bucketlog requests", ""]
     for o in others:
         lines += [f"### {o}", "", "| workload | " + " | ".join(COST_FIGURES) + " |"]
