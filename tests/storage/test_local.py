@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from storage.local import TEMP_PREFIX, LocalObjectStore
+from storage.local import TEMP_PREFIX, WRITE_PIECE, LocalObjectStore
 from storage.objectstore import ObjectNotFoundError, ObjectStoreError
 
 RACE_KEYS = 200
@@ -171,3 +171,26 @@ async def test_objects_are_files_under_root(local_store: LocalObjectStore) -> No
     path = Path(local_store.root) / "ingest" / "01ABC"
     assert path.read_bytes() == b"payload"
     assert path.stat().st_nlink == 1, "the temp link is gone"
+
+
+async def test_large_objects_are_written_in_pieces(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put never hands the kernel more than WRITE_PIECE bytes in one write(), and a
+    write that takes less than it was given is continued where it stopped."""
+    sizes: list[int] = []
+    real_write = os.write
+
+    def recording_write(fd: int, data: bytes | memoryview) -> int:
+        sizes.append(len(data))
+        # Every third write takes only part of what it is given, as a short write may.
+        piece = data[: len(data) // 2 + 1] if len(sizes) % 3 == 0 else data
+        return real_write(fd, piece)
+
+    monkeypatch.setattr(os, "write", recording_write)
+    data = os.urandom(3 * WRITE_PIECE + 12345)
+    await local_store.put("ingest/large", data, if_absent=True)
+    monkeypatch.undo()
+    assert sizes and max(sizes) <= WRITE_PIECE, sizes
+    assert sum(1 for size in sizes if size == WRITE_PIECE) >= 3
+    assert await local_store.get("ingest/large") == data
