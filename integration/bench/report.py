@@ -11,7 +11,7 @@ from typing import Any
 
 # (workload, figure, label, higher is better)
 ROWS: list[tuple[str, str, str, bool]] = []
-ROWS_PRODUCE = (
+PRODUCE_WORKLOADS = (
     "produce-1p-1x-none",
     "produce-1p-1x-zstd",
     "produce-64p-1x-none",
@@ -19,7 +19,7 @@ ROWS_PRODUCE = (
     "produce-64p-3x-zstd",
     "produce-1000p-1x-none",
 )
-for _w in ROWS_PRODUCE:
+for _w in PRODUCE_WORKLOADS:
     ROWS += [
         (_w, "mb_s", "MB/s", True),
         (_w, "records_s", "records/s", True),
@@ -53,7 +53,7 @@ ROWS += [
 
 # Throughput figures whose every run is listed, in run order.
 SPREAD_ROWS = [
-    *((_w, "mb_s", "MB/s") for _w in ROWS_PRODUCE),
+    *((_w, "mb_s", "MB/s") for _w in PRODUCE_WORKLOADS),
     ("consume-1p", "mb_s", "MB/s"),
     ("python-confluent-kafka", "produce_mb_s", "produce MB/s"),
     ("python-confluent-kafka", "consume_mb_s", "consume MB/s"),

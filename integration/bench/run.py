@@ -651,7 +651,9 @@ PRODUCE_MATRIX = [
 ]
 
 
-def bench_system(system: System, runs: int, scale: float, warmup: int, log: Any) -> dict[str, Any]:
+def bench_system(
+    system: System, runs: int, scale: float, warm_up_records: int, log: Any
+) -> dict[str, Any]:
     records = int(150_000 * scale)
     mb = records * RECORD_SIZE / 1e6
     results: dict[str, Any] = {}
@@ -676,10 +678,10 @@ def bench_system(system: System, runs: int, scale: float, warmup: int, log: Any)
         # its first workloads, so without it the first measured runs of a system are
         # slower than the later ones (Kafka's single-partition produce rose from 61 to
         # 102 MB/s over its three runs). Every system gets the same warm-up.
-        if warmup:
+        if warm_up_records:
             t = topic("warmup", 1)
-            warm = producers_perf(system.bootstrap, t, 1, warmup, "none")
-            warm["consume_mb_s"] = consumer_perf(system.bootstrap, t, warmup)["mb_s"]
+            warm = producers_perf(system.bootstrap, t, 1, warm_up_records, "none")
+            warm["consume_mb_s"] = consumer_perf(system.bootstrap, t, warm_up_records)["mb_s"]
             results["warmup"] = warm
             log(f"{system.name} warm-up: {json.dumps(warm)}")
 
