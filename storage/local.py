@@ -37,10 +37,10 @@ from storage.objectstore import (
 )
 
 TEMP_PREFIX = ".tmp."
-# Objects are written in pieces of at most this size. One write() of several MiB took
-# from 0.8 to 4 ms (and a put of 4 MiB up to 13 ms with its fsync) where the same bytes
-# in 1 MiB pieces took 0.8 ms every time: the page cache then never has to find memory
-# for pieces larger than this (see integration/bench/README.md, fifth pass).
+# Objects are written in pieces of at most this size: one write() of 4 MiB took from
+# 0.8 to 4 ms (a put of 4 MiB up to 13 ms with its fsync), the same bytes in 1 MiB
+# pieces 0.8 ms every time (integration/bench/README.md, fifth pass; the kernel's reason
+# was not looked into).
 WRITE_PIECE = 1 << 20
 
 _T = TypeVar("_T")
