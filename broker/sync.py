@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Generic, TypeVar
 
 import anyio
@@ -39,15 +39,36 @@ class Promise(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
+class Watch:
+    """What one waiter watches: `wait` returns once any of its keys was notified since
+    the last `arm`. Arm before reading what the keys guard, wait after: a notification
+    that comes in between is not lost."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def arm(self) -> None:
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 class Notifier:
     """Wakes waiters on keys (here: partitions) when something about them changed."""
 
     def __init__(self) -> None:
-        self._waiters: dict[object, set[anyio.Event]] = {}
+        self._waiters: dict[object, set[Watch]] = {}
 
     def notify(self, key: object) -> None:
-        for event in self._waiters.get(key, ()):
-            event.set()
+        for watch in self._waiters.get(key, ()):
+            watch.fire()
 
     def has_waiters(self) -> bool:
         return bool(self._waiters)
@@ -55,18 +76,20 @@ class Notifier:
     def waited_keys(self) -> list[object]:
         return list(self._waiters)
 
-    async def wait_any(self, keys: list[object]) -> None:
-        """Return when any of keys is notified (callers bound this with a deadline)."""
-        event = anyio.Event()
-        for key in keys:
-            self._waiters.setdefault(key, set()).add(event)
+    @contextmanager
+    def watch(self, keys: Iterable[object]) -> Iterator[Watch]:
+        """Watch keys for the life of the block (callers bound their waits with deadlines)."""
+        watch = Watch()
+        watched = list(keys)
+        for key in watched:
+            self._waiters.setdefault(key, set()).add(watch)
         try:
-            await event.wait()
+            yield watch
         finally:
-            for key in keys:
+            for key in watched:
                 waiters = self._waiters.get(key)
                 if waiters is not None:
-                    waiters.discard(event)
+                    waiters.discard(watch)
                     if not waiters:
                         del self._waiters[key]
 

@@ -41,6 +41,7 @@ class _Wanted:
     fetch_offset: int
     partition_max_bytes: int
     topic: topics_layer.Topic | None
+    missing: ErrorCode  # the error for a topic that is not (or no longer) there
     error: ErrorCode = ErrorCode.none
     high_watermark: int = -1
     last_stable_offset: int = -1
@@ -182,7 +183,7 @@ async def handle(request: Any, ctx: Any) -> Any:
             ref = fetch_topic.topic
         parts = []
         for fp in fetch_topic.partitions:
-            w = _Wanted(fp.partition, fp.fetch_offset, fp.partition_max_bytes, topic)
+            w = _Wanted(fp.partition, fp.fetch_offset, fp.partition_max_bytes, topic, missing)
             if topic is None:
                 w.error = missing
                 w.topic = None
@@ -199,61 +200,66 @@ async def handle(request: Any, ctx: Any) -> Any:
     deadline = anyio.current_time() + max_wait
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     quick = len(wanted) <= QUICK_READ_PARTITIONS
-    while True:
-        states = await _read_states(agent, wanted, read_committed, quick)
-        reads: list[tuple[str, int, int]] = []
-        for w, read in zip(wanted, states, strict=True):
-            if w.topic is None:
-                continue
-            state, entries = read.state, read.entries
-            if state is None:
-                w.error = ErrorCode.unknown_topic_or_partition
-                continue
-            w.high_watermark = state.high_watermark
-            w.last_stable_offset = read.last_stable_offset
-            w.log_start_offset = state.log_start_offset
-            w.aborted = read.aborted
-            if not state.log_start_offset <= w.fetch_offset <= state.high_watermark:
-                w.error = ErrorCode.offset_out_of_range
-            w.entries = entries
-            for e in w.entries:
-                reads.append((e.object_key, e.start, e.start + e.length))
-            behind = bool(entries) and entries[-1].last_offset + 1 < state.high_watermark
-            if behind and (
-                any(e.object_key not in agent.cache for e in entries)
-                or agent.read_ahead.was_read_ahead(entries[-1].object_key)
-            ):
-                # Reading behind the cache: have the next stretch there for the next Fetch.
-                agent.read_ahead.request(
-                    w.topic.topic_id,
-                    w.partition,
-                    # From the last entry read: the next Fetch may start inside it.
-                    entries[-1].base_offset,
-                    w.partition_max_bytes,
+    keys = [(w.topic.topic_id, w.partition) for w in wanted if w.topic is not None]
+    # Watched from before the first read: an append between a read and the wait wakes it.
+    with agent.notifier.watch(keys) as watch:
+        while True:
+            watch.arm()
+            states = await _read_states(agent, wanted, read_committed, quick)
+            reads: list[tuple[str, int, int]] = []
+            for w, read in zip(wanted, states, strict=True):
+                if w.topic is None:
+                    continue
+                state, entries = read.state, read.entries
+                if state is None:  # deleted since the request came
+                    w.error = w.missing
+                    w.high_watermark = w.last_stable_offset = w.log_start_offset = -1
+                    w.aborted, w.entries, w.records = [], [], b""
+                    continue
+                w.high_watermark = state.high_watermark
+                w.last_stable_offset = read.last_stable_offset
+                w.log_start_offset = state.log_start_offset
+                w.aborted = read.aborted
+                if not state.log_start_offset <= w.fetch_offset <= state.high_watermark:
+                    w.error = ErrorCode.offset_out_of_range
+                w.entries = entries
+                for e in w.entries:
+                    reads.append((e.object_key, e.start, e.start + e.length))
+                behind = bool(entries) and entries[-1].last_offset + 1 < state.high_watermark
+                if behind and (
+                    any(e.object_key not in agent.cache for e in entries)
+                    or agent.read_ahead.was_read_ahead(entries[-1].object_key)
+                ):
+                    # Reading behind the cache: have the next stretch there for the next Fetch.
+                    agent.read_ahead.request(
+                        w.topic.topic_id,
+                        w.partition,
+                        # From the last entry read: the next Fetch may start inside it.
+                        entries[-1].base_offset,
+                        w.partition_max_bytes,
+                    )
+            blobs = await agent.reader.read_many(reads) if reads else []
+            i = 0
+            total = 0
+            for w in wanted:
+                if not w.entries:
+                    continue
+                entries_data = []
+                for e in w.entries:
+                    entries_data.append((e, blobs[i]))
+                    i += 1
+                budget = max(0, min(w.partition_max_bytes, max_bytes - total))
+                end = w.last_stable_offset if read_committed else w.high_watermark
+                w.records, used = _select(
+                    entries_data, w.fetch_offset, end, budget, must_take_one=total == 0
                 )
-        blobs = await agent.reader.read_many(reads) if reads else []
-        i = 0
-        total = 0
-        for w in wanted:
-            if not w.entries:
-                continue
-            entries_data = []
-            for e in w.entries:
-                entries_data.append((e, blobs[i]))
-                i += 1
-            budget = max(0, min(w.partition_max_bytes, max_bytes - total))
-            end = w.last_stable_offset if read_committed else w.high_watermark
-            w.records, used = _select(
-                entries_data, w.fetch_offset, end, budget, must_take_one=total == 0
-            )
-            total += used
-        remaining = deadline - anyio.current_time()
-        has_error = any(w.error != ErrorCode.none for w in wanted)
-        if total >= min_bytes or remaining <= 0 or has_error or not wanted:
-            break
-        keys = [(w.topic.topic_id, w.partition) for w in wanted if w.topic is not None]
-        with anyio.move_on_after(remaining):
-            await agent.notifier.wait_any(keys)
+                total += used
+            remaining = deadline - anyio.current_time()
+            has_error = any(w.error != ErrorCode.none for w in wanted)
+            if total >= min_bytes or remaining <= 0 or has_error or not wanted:
+                break
+            with anyio.move_on_after(remaining):
+                await watch.wait()
 
     responses = []
     for ref, parts in topic_order:

@@ -1,0 +1,177 @@
+"""A long-polling Fetch on one real agent (SQLite metadata, local object store).
+
+The agent runs in this process with its produce pipeline; the Fetch handler is called
+directly, so a test can act at an exact point of it: between its read of the metadata
+store and its wait.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from kio.schema.errors import ErrorCode
+
+from broker.agent import Agent
+from broker.config import BrokerConfig
+from broker.entities import build
+from broker.handlers import fetch, load_all, response_class
+from broker.server import RequestContext
+from metadata import topics
+from protocol.codec import request_schema
+from protocol.records import build_batch, iter_batches, validate_produce_records
+
+TOPIC = "waited"
+MAX_WAIT_MS = 4000
+RECORD = (None, b"value", [], 1_700_000_000_000)
+
+
+@asynccontextmanager
+async def running_agent(tmp_path: Path) -> AsyncIterator[Agent]:
+    """An agent with a topic of one partition, its produce pipeline running."""
+    load_all()
+    agent = Agent.open(BrokerConfig(data_dir=str(tmp_path), flush_interval_ms=1))
+    await agent.register()
+    topic_id = uuid.uuid4().bytes
+    await agent.kv.transact(
+        lambda tr: topics.create_topic(tr, agent.sub, TOPIC, topic_id, 1, {}, 0)
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(agent.pipeline.run)
+        try:
+            yield agent
+        finally:
+            tg.cancel_scope.cancel()
+    await agent.aclose()
+
+
+async def _append(agent: Agent, value: bytes = b"value") -> None:
+    topic = await agent.topic(TOPIC, fresh=True)
+    assert topic is not None
+    data = build_batch([(None, value, [], 1_700_000_000_000)])
+    view = validate_produce_records(data, 9, 1 << 20)
+    result = await agent.pipeline.append(topic.topic_id, 0, data, view)
+    assert result.error == ErrorCode.none
+
+
+async def _fetch_request(agent: Agent, version: int, offset: int, min_bytes: int) -> Any:
+    schema = request_schema(fetch.API_KEY, version)
+    assert schema is not None
+    topic = await agent.topic(TOPIC, fresh=True)
+    assert topic is not None
+    return build(
+        schema,
+        {
+            "cluster_id": None,
+            "replica_id": -1,
+            "replica_state": {"replica_id": -1, "replica_epoch": -1},
+            "max_wait": MAX_WAIT_MS,
+            "min_bytes": min_bytes,
+            "max_bytes": 1 << 20,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [
+                {
+                    "topic": TOPIC,
+                    "topic_id": uuid.UUID(bytes=topic.topic_id),
+                    "partitions": [
+                        {
+                            "partition": 0,
+                            "current_leader_epoch": -1,
+                            "fetch_offset": offset,
+                            "last_fetched_epoch": -1,
+                            "log_start_offset": -1,
+                            "partition_max_bytes": 1 << 20,
+                            "replica_directory_id": uuid.UUID(int=0),
+                        }
+                    ],
+                }
+            ],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        },
+    )
+
+
+def _context(agent: Agent, version: int) -> RequestContext:
+    return RequestContext(agent, version, 1, "test", "127.0.0.1:1")
+
+
+def _after_first_read(agent: Agent, action: Callable[[], Any]) -> None:
+    """Run `action` once, right after the Fetch's first read of the metadata store returns."""
+    read = agent.kv.read
+    done = False
+
+    async def read_then_act(fn: Any, **kwargs: Any) -> Any:
+        nonlocal done
+        result = await read(fn, **kwargs)
+        if not done:
+            done = True
+            await action()
+        return result
+
+    agent.kv.read = read_then_act  # type: ignore[method-assign]
+
+
+def _offsets(answer: Any) -> list[int]:
+    records = answer.responses[0].partitions[0].records
+    data = b"".join(records.pieces) if hasattr(records, "pieces") else bytes(records or b"")
+    return [view.base_offset for view in iter_batches(data)]
+
+
+async def test_an_append_between_the_read_and_the_wait_wakes_the_fetch(tmp_path: Path) -> None:
+    """The append lands after the Fetch read the store and before it waits: the Fetch must
+    still see it at once, not after max_wait."""
+    async with running_agent(tmp_path) as agent:
+        await _append_then_fetch(agent)
+
+
+async def _append_then_fetch(agent: Agent) -> None:
+    request = await _fetch_request(agent, 12, 0, 1)
+    _after_first_read(agent, lambda: _append(agent))
+    started = time.monotonic()
+    answer = await fetch.handle(request, _context(agent, 12))
+    elapsed = time.monotonic() - started
+    assert _offsets(answer) == [0]
+    assert elapsed < MAX_WAIT_MS / 1000 / 2, f"woke after {elapsed:.2f}s"
+
+
+@pytest.mark.parametrize(
+    ("version", "code"),
+    [(12, ErrorCode.unknown_topic_or_partition), (13, ErrorCode.unknown_topic_id)],
+)
+async def test_a_topic_deleted_during_a_long_poll_is_an_error_on_its_partition(
+    tmp_path: Path, version: int, code: ErrorCode
+) -> None:
+    """Data is there but less than min_bytes, so the Fetch waits; the topic is deleted
+    meanwhile. The answer names the partition's error, not UNKNOWN_SERVER_ERROR."""
+    async with running_agent(tmp_path) as agent:
+        await _fetch_while_deleting(agent, version, code)
+
+
+async def _fetch_while_deleting(agent: Agent, version: int, code: ErrorCode) -> None:
+    await _append(agent)
+    topic = await agent.topic(TOPIC, fresh=True)
+    assert topic is not None
+
+    async def delete() -> None:
+        await agent.kv.transact(lambda tr: topics.delete_topic(tr, agent.sub, TOPIC))
+        agent.forget_topic(TOPIC)
+        agent.notifier.notify((topic.topic_id, 0))
+
+    request = await _fetch_request(agent, version, 0, 1 << 20)
+    _after_first_read(agent, delete)
+    answer = await fetch.handle(request, _context(agent, version))
+    assert isinstance(answer, response_class(request))
+    assert answer.error_code == ErrorCode.none
+    partition = answer.responses[0].partitions[0]
+    assert partition.error_code == code
+    assert (partition.high_watermark, partition.log_start_offset) == (-1, -1)
+    assert _offsets(answer) == []
