@@ -1,9 +1,14 @@
 """The agent's TCP server: connections, ordered pipelining, and the agent's lifetime.
 
 Per connection, one task reads frames continuously and starts a handler task for each
-request; another task writes the answers strictly in request order. A Produce waiting
-for its flush therefore never stops the next request from being read. At most
-`MAX_IN_FLIGHT` requests per connection are pending; past that, reading pauses.
+request; another task writes the answers strictly in request order. A connection's
+requests take effect in the order they were sent, as in Kafka: each request starts once
+the one before it has ended its turn (`broker.sync.Turn`), which a request does when its
+answer is ready or when it parks after taking effect (a Produce once its batches are
+queued for a flush, a Fetch once it waits for data). So a Produce waiting for its flush
+never holds back the next request, while an EndTxn never overtakes the AddPartitionsToTxn
+sent before it. At most `MAX_IN_FLIGHT` requests per connection are pending; past that,
+reading pauses.
 
 A malformed frame closes the connection with a logged reason. Anything unexpected in a
 handler is logged and answered with UNKNOWN_SERVER_ERROR-shaped responses where the
@@ -16,9 +21,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -30,14 +33,13 @@ from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.handlers import REGISTRY, load_all
 from broker.handlers.errors import error_response
-from broker.sync import Promise, Turnstile
+from broker.sync import Promise, Turn
 from protocol.codec import UnsupportedVersion, decode_request, encode_response_parts
 from protocol.framing import ProtocolError, ServerConnection
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
-PRODUCE_KEY = b"\x00\x00"  # api_key 0, the first two bytes of a request frame
 READ_SIZE = 256 * 1024
 
 
@@ -48,18 +50,11 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     peer: str
-    # Produce only: the connection's turnstile and this request's ticket.
-    order: Turnstile | None = None
-    ticket: int = -1
+    turn: Turn = field(default_factory=Turn)
 
-    @asynccontextmanager
-    async def in_order(self) -> AsyncIterator[None]:
-        """Hold this request's turn among the connection's ordered requests."""
-        if self.order is None:
-            yield
-            return
-        async with self.order.turn(self.ticket):
-            yield
+    def end_turn(self) -> None:
+        """This request has taken effect: the connection's next request may start."""
+        self.turn.end()
 
 
 class _Close(Exception):
@@ -109,9 +104,7 @@ def _after(frame: Frame, sent: int) -> Frame:
     return []
 
 
-async def _handle_frame(
-    agent: Agent, frame: bytes, peer: str, order: Turnstile | None = None, ticket: int = -1
-) -> Frame | None:
+async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Frame | None:
     try:
         request = decode_request(frame)
     except UnsupportedVersion as exc:
@@ -137,7 +130,7 @@ async def _handle_frame(
             f"unsupported API key {header.api_key} version {header.api_version} from {peer}"
         )
     ctx = RequestContext(
-        agent, header.api_version, header.correlation_id, header.client_id, peer, order, ticket
+        agent, header.api_version, header.correlation_id, header.client_id, peer, turn
     )
     try:
         response = await api.handler(body, ctx)
@@ -162,17 +155,17 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
     receive: MemoryObjectReceiveStream[Promise[Frame | None]]
     send, receive = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
 
-    produce_order = Turnstile()
-
-    async def run_one(frame: bytes, slot: Promise[Frame | None], ticket: int) -> None:
+    async def run_one(frame: bytes, slot: Promise[Frame | None], after: Turn, turn: Turn) -> None:
         try:
-            order = produce_order if ticket >= 0 else None
-            slot.set(await _handle_frame(agent, frame, peer, order, ticket))
+            await after.wait_ended()
+            slot.set(await _handle_frame(agent, frame, peer, turn))
         except _Close as exc:
             slot.fail(exc)
         except Exception as exc:
             log.exception("request from %s failed", peer)
             slot.fail(_Close(str(exc)))
+        finally:
+            turn.end()
 
     async def writer() -> None:
         async with receive:
@@ -186,6 +179,7 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
                 if data is not None:
                     await send_frame(stream, data)
 
+    previous = Turn.ended_already()
     try:
         async with stream, anyio.create_task_group() as tg:
             tg.start_soon(writer)
@@ -207,9 +201,9 @@ async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> Non
                             break
                         slot: Promise[Frame | None] = Promise()
                         await send.send(slot)
-                        # Produce requests queue their batches in arrival order.
-                        ticket = produce_order.take() if frame[:2] == PRODUCE_KEY else -1
-                        tg.start_soon(run_one, frame, slot, ticket)
+                        turn = Turn()
+                        tg.start_soon(run_one, frame, slot, previous, turn)
+                        previous = turn
             # The peer closed its side: answer what is in flight, then close.
     except (anyio.BrokenResourceError, ConnectionError, anyio.ClosedResourceError):
         pass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 import anyio
@@ -94,32 +94,34 @@ class Notifier:
                         del self._waiters[key]
 
 
-class Turnstile:
-    """Lets tasks through one at a time in the order their tickets were taken.
+class Turn:
+    """One request's turn on its connection: the next request starts once it ends.
 
-    A connection takes a ticket for each Produce request as its frame arrives; the
-    handler holds its turn until its batches are queued for a flush, so a producer's
-    pipelined requests reach the log in the order it sent them (as in Kafka, where a
-    connection's requests are handled one after another).
+    A request holds its turn while it takes effect, so that a connection's requests take
+    effect in the order they were sent (as in Kafka, whose socket server handles one
+    request of a connection at a time). A request that then waits (a Produce for its
+    flush, a Fetch for data) ends its turn early; one that never does ends it when its
+    answer is ready.
     """
 
+    __slots__ = ("_event",)
+
     def __init__(self) -> None:
-        self._next_ticket = 0
-        self._serving = 0
-        self._changed = anyio.Event()
+        self._event = anyio.Event()
 
-    def take(self) -> int:
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        return ticket
+    @classmethod
+    def ended_already(cls) -> Turn:
+        turn = cls()
+        turn.end()
+        return turn
 
-    @asynccontextmanager
-    async def turn(self, ticket: int) -> AsyncIterator[None]:
-        while self._serving != ticket:
-            await self._changed.wait()
-        try:
-            yield
-        finally:
-            self._serving += 1
-            changed, self._changed = self._changed, anyio.Event()
-            changed.set()
+    @property
+    def ended(self) -> bool:
+        return self._event.is_set()
+
+    def end(self) -> None:
+        self._event.set()
+
+    async def wait_ended(self) -> None:
+        if not self._event.is_set():
+            await self._event.wait()

@@ -258,6 +258,7 @@ async def handle(request: Any, ctx: Any) -> Any:
             has_error = any(w.error != ErrorCode.none for w in wanted)
             if total >= min_bytes or remaining <= 0 or has_error or not wanted:
                 break
+            ctx.end_turn()  # a Fetch takes no effect: what comes after it need not wait
             with anyio.move_on_after(remaining):
                 await watch.wait()
 

@@ -43,53 +43,51 @@ async def handle(request: Any, ctx: Any) -> Any:
     order: list[tuple[str, int]] = []
     queued: list[tuple[tuple[str, int], bytes, int, bytes | memoryview, Any]] = []
 
-    # Hold this connection's turn until the batches are queued: a producer's pipelined
-    # requests must reach the log in the order it sent them.
+    # This request holds its connection's turn until its batches are queued: a producer's
+    # pipelined requests reach the log in the order it sent them.
     promises: list[tuple[tuple[str, int], Promise[AppendResult]]] = []
-    async with ctx.in_order():
-        for topic_data in request.topic_data:
-            name = topic_data.name
-            topic = await agent.topic(name)
-            for pdata in topic_data.partition_data:
-                key = (name, pdata.index)
-                order.append(key)
-                if topic is None or not 0 <= pdata.index < topic.partitions:
-                    answers[key] = _partition_answer(
-                        pdata.index, AppendResult(ErrorCode.unknown_topic_or_partition)
-                    )
-                    continue
-                records = pdata.records or b""
-                max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
-                try:
-                    view = validate_produce_records(records, ctx.api_version, max_bytes)
-                    if view.is_transactional and view.producer_id < 0:
-                        raise RecordBatchError(
-                            ErrorCode.invalid_record, "A transactional batch needs a producer id"
-                        )
-                except RecordBatchError as exc:
-                    answers[key] = _partition_answer(
-                        pdata.index, AppendResult(exc.error_code), str(exc) or None
-                    )
-                    continue
-                # A view of the request frame (see protocol.produce): copied once, into
-                # the flush's object.
-                queued.append((key, topic.topic_id, pdata.index, records, view))
-
-        # Kafka answers bad partitions first, and then judges what is left as a whole.
-        transactional = any(view.is_transactional for *_rest, view in queued)
-        if transactional and request.transactional_id is None:
-            code = ErrorCode.transactional_id_authorization_failed
-            for key in order:
-                answers[key] = _partition_answer(key[1], AppendResult(code))
-            queued = []
-        elif request.acks not in VALID_ACKS:
-            for key, *_rest in queued:
+    for topic_data in request.topic_data:
+        name = topic_data.name
+        topic = await agent.topic(name)
+        for pdata in topic_data.partition_data:
+            key = (name, pdata.index)
+            order.append(key)
+            if topic is None or not 0 <= pdata.index < topic.partitions:
                 answers[key] = _partition_answer(
-                    key[1], AppendResult(ErrorCode.invalid_required_acks)
+                    pdata.index, AppendResult(ErrorCode.unknown_topic_or_partition)
                 )
-            queued = []
-        for key, topic_id, partition, data, view in queued:
-            promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view)))
+                continue
+            records = pdata.records or b""
+            max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
+            try:
+                view = validate_produce_records(records, ctx.api_version, max_bytes)
+                if view.is_transactional and view.producer_id < 0:
+                    raise RecordBatchError(
+                        ErrorCode.invalid_record, "A transactional batch needs a producer id"
+                    )
+            except RecordBatchError as exc:
+                answers[key] = _partition_answer(
+                    pdata.index, AppendResult(exc.error_code), str(exc) or None
+                )
+                continue
+            # A view of the request frame (see protocol.produce): copied once, into
+            # the flush's object.
+            queued.append((key, topic.topic_id, pdata.index, records, view))
+
+    # Kafka answers bad partitions first, and then judges what is left as a whole.
+    transactional = any(view.is_transactional for *_rest, view in queued)
+    if transactional and request.transactional_id is None:
+        code = ErrorCode.transactional_id_authorization_failed
+        for key in order:
+            answers[key] = _partition_answer(key[1], AppendResult(code))
+        queued = []
+    elif request.acks not in VALID_ACKS:
+        for key, *_rest in queued:
+            answers[key] = _partition_answer(key[1], AppendResult(ErrorCode.invalid_required_acks))
+        queued = []
+    for key, topic_id, partition, data, view in queued:
+        promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view)))
+    ctx.end_turn()
 
     for key, promise in promises:
         answers[key] = _partition_answer(key[1], await promise.wait())
