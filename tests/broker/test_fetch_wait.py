@@ -20,9 +20,9 @@ from kio.schema.errors import ErrorCode
 
 from broker.agent import Agent
 from broker.config import BrokerConfig
+from broker.connection import RequestContext
 from broker.entities import build
 from broker.handlers import fetch, load_all, response_class
-from broker.server import RequestContext
 from metadata import topics
 from protocol.codec import request_schema
 from protocol.records import build_batch, iter_batches, validate_produce_records

@@ -12,8 +12,8 @@ import anyio
 import anyio.abc
 import pytest
 
-from broker import server
-from broker.server import send_frame
+from broker import connection
+from broker.connection import send_frame
 
 
 @asynccontextmanager
@@ -68,7 +68,7 @@ def _counting_writev(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, in
         calls.append((len(buffers), sum(map(len, buffers)), taken))
         return taken
 
-    monkeypatch.setattr(server.os, "writev", writev)
+    monkeypatch.setattr(connection.os, "writev", writev)
     return calls
 
 
