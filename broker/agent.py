@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import anyio
 
 from broker.config import BrokerConfig
+from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
 from broker.readahead import ReadAhead
@@ -56,6 +57,7 @@ class Agent:
         self.chunks = ChunkCache()
         self.read_ahead = ReadAhead(kv, self.sub, store, self.cache, self.chunks)
         self.notifier = Notifier()
+        self.events = EventLog(logging.getLogger("broker.connection"))
         self.pipeline = IngestPipeline(
             kv,
             self.sub,

@@ -10,9 +10,12 @@ never holds back the next request, while an EndTxn never overtakes the AddPartit
 sent before it. At most `MAX_IN_FLIGHT` requests per connection are pending; past that,
 reading pauses.
 
-A malformed frame closes the connection with a logged reason. Anything unexpected in a
-handler is logged and answered with UNKNOWN_SERVER_ERROR-shaped responses where the
-API allows, otherwise the connection is closed; the agent keeps serving everyone else.
+A malformed frame or request closes the connection, an unsupported version too (but for
+ApiVersions, which is answered), and a client may go away at any time: each is an
+expected event, logged as one rate-limited line and counted (`broker.eventlog`). Anything
+unexpected in a handler is a bug: logged with its traceback and answered with an
+UNKNOWN_SERVER_ERROR-shaped response where the API allows, otherwise the connection is
+closed; the agent keeps serving everyone else.
 """
 
 from __future__ import annotations
@@ -20,17 +23,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import struct
 from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from broker import eventlog
 from broker.agent import Agent
-from broker.handlers import REGISTRY
+from broker.handlers import REGISTRY, api_versions
 from broker.handlers.errors import error_response
 from broker.sync import Promise, Turn
-from protocol.codec import UnsupportedVersion, decode_request, encode_response_parts
+from protocol.codec import (
+    MalformedRequest,
+    UnsupportedVersion,
+    decode_request,
+    encode_response_parts,
+    request_schema,
+)
 from protocol.framing import ProtocolError, ServerConnection
 
 log = logging.getLogger(__name__)
@@ -53,8 +64,32 @@ class RequestContext:
         self.turn.end()
 
 
+# How a client that went away shows: reset, broken pipe, or a stream anyio closed for it.
+GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError)
+
+
+def _why_gone(exc: BaseException) -> str:
+    """The OS's words for a connection that went away (anyio wraps them)."""
+    cause = exc.__cause__ or exc.__context__
+    return str(cause or exc) or type(cause or exc).__name__
+
+
 class _Close(Exception):
-    """Answer nothing more on this connection and close it."""
+    """Answer nothing more on this connection and close it; `kind` is the event logged."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def _request_name(api_key: int | None, api_version: int | None) -> str:
+    """ "MetadataRequest v12", as far as the header told."""
+    if api_key is None:
+        return "a request"
+    schema = request_schema(api_key, api_version or 0)
+    name = schema.__name__ if schema is not None else f"API key {api_key}"
+    return name if api_version is None else f"{name} v{api_version}"
 
 
 Frame = list[bytes | bytearray | memoryview]  # an answer's parts, written in order
@@ -104,104 +139,183 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Fr
     try:
         request = decode_request(frame)
     except UnsupportedVersion as exc:
-        from broker.handlers import api_versions
-
         if exc.api_key == api_versions.API_KEY:
             return encode_response_parts(
                 exc.correlation_id, api_versions.unsupported_version_answer()
             )
         raise _Close(
-            f"unsupported API key {exc.api_key} version {exc.api_version} from {peer}"
+            eventlog.UNSUPPORTED_VERSION,
+            f"{_request_name(exc.api_key, exc.api_version)} is not supported",
         ) from None
+    except MalformedRequest as exc:
+        what = _request_name(exc.api_key, exc.api_version)
+        reason = str(exc) if what in str(exc) else f"{what}: {exc}"
+        raise _Close(eventlog.MALFORMED_REQUEST, reason) from None
     header, body = request.header, request.body
     api = REGISTRY.get(header.api_key)
     if api is None or not api.supports(header.api_version):
-        if api is not None and header.api_key == 18:
-            from broker.handlers import api_versions
-
+        if header.api_key == api_versions.API_KEY:
             return encode_response_parts(
                 header.correlation_id, api_versions.unsupported_version_answer()
             )
         raise _Close(
-            f"unsupported API key {header.api_key} version {header.api_version} from {peer}"
+            eventlog.UNSUPPORTED_VERSION,
+            f"{_request_name(header.api_key, header.api_version)} is not supported",
         )
     ctx = RequestContext(
         agent, header.api_version, header.correlation_id, header.client_id, peer, turn
     )
     try:
         response = await api.handler(body, ctx)
-    except Exception:
-        log.exception("%s v%d from %s failed", api.name, header.api_version, peer)
+    except Exception:  # a bug: its traceback is wanted
+        agent.events.record(
+            eventlog.HANDLER_ERROR,
+            "%s v%d from %s failed",
+            api.name,
+            header.api_version,
+            peer,
+            exc_info=True,
+        )
         response = error_response(body)
         if response is None:
-            raise _Close("no error answer for this request") from None
+            raise _Close(
+                eventlog.HANDLER_ERROR, f"{api.name} has no error answer to give"
+            ) from None
     if response is None:
         return None
     return encode_response_parts(header.correlation_id, response)
 
 
 async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> None:
-    try:
-        host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
-        peer = f"{host}:{port}"
-    except Exception:
-        peer = "?"
-    conn = ServerConnection(max_frame_size=agent.config.max_frame_bytes)
-    send: MemoryObjectSendStream[Promise[Frame | None]]
-    receive: MemoryObjectReceiveStream[Promise[Frame | None]]
-    send, receive = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
+    await _Connection(agent, stream).serve()
 
-    async def run_one(frame: bytes, slot: Promise[Frame | None], after: Turn, turn: Turn) -> None:
+
+class _Connection:
+    """One client connection: a reader task, a handler task per request, a writer task."""
+
+    def __init__(self, agent: Agent, stream: anyio.abc.SocketStream) -> None:
+        self.agent = agent
+        self.stream = stream
+        self.events = agent.events
+        try:
+            host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+            self.peer = f"{host}:{port}"
+        except Exception:
+            self.peer = "?"
+        self.framing = ServerConnection(max_frame_size=agent.config.max_frame_bytes)
+        self.gone = False  # the client went away: said once, then quiet
+        self.answering: _Answer | None = None  # the answer the writer waits for or writes
+
+    def went_away(self, exc: BaseException) -> None:
+        if not self.gone:
+            self.gone = True
+            answering = self.answering
+            self.events.record(
+                eventlog.CLIENT_DISCONNECT,
+                "connection from %s went away%s: %s",
+                self.peer,
+                "" if answering is None else f" before its {answering.what()} was answered",
+                _why_gone(exc),
+            )
+
+    async def serve(self) -> None:
+        answers: MemoryObjectSendStream[_Answer]
+        pending: MemoryObjectReceiveStream[_Answer]
+        answers, pending = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
+        try:
+            async with self.stream, anyio.create_task_group() as tg:
+                tg.start_soon(self.writer, pending, tg.cancel_scope)
+                async with answers:
+                    await self.reader(answers, tg)
+                # The client closed its side: answer what is in flight, then close.
+        except GONE as exc:  # closing a stream the client reset
+            self.went_away(exc)
+        except Exception:
+            log.exception("connection from %s failed", self.peer)
+
+    async def reader(
+        self, answers: MemoryObjectSendStream[_Answer], tg: anyio.abc.TaskGroup
+    ) -> None:
+        previous = Turn.ended_already()
+        while True:
+            try:
+                chunk = await self.stream.receive(READ_SIZE)
+            except anyio.EndOfStream:
+                return
+            except GONE as exc:
+                self.went_away(exc)
+                return
+            self.framing.receive_data(chunk)
+            while True:
+                try:
+                    frame = self.framing.next_frame()
+                except ProtocolError as exc:
+                    self.events.record(
+                        eventlog.MALFORMED_REQUEST,
+                        "closing connection from %s: %s",
+                        self.peer,
+                        exc,
+                    )
+                    tg.cancel_scope.cancel()
+                    return
+                if frame is None:
+                    break
+                answer = _Answer(frame[:4], Promise())
+                await answers.send(answer)
+                turn = Turn()
+                tg.start_soon(self.run_one, frame, answer.frame, previous, turn)
+                previous = turn
+
+    async def run_one(
+        self, frame: bytes, slot: Promise[Frame | None], after: Turn, turn: Turn
+    ) -> None:
         try:
             await after.wait_ended()
-            slot.set(await _handle_frame(agent, frame, peer, turn))
+            slot.set(await _handle_frame(self.agent, frame, self.peer, turn))
         except _Close as exc:
             slot.fail(exc)
-        except Exception as exc:
-            log.exception("request from %s failed", peer)
-            slot.fail(_Close(str(exc)))
+        except Exception as exc:  # a bug outside the handler (encoding the answer)
+            self.events.record(
+                eventlog.HANDLER_ERROR, "request from %s failed", self.peer, exc_info=True
+            )
+            slot.fail(_Close(eventlog.HANDLER_ERROR, str(exc)))
         finally:
             turn.end()
 
-    async def writer() -> None:
-        async with receive:
-            async for slot in receive:
+    async def writer(
+        self, pending: MemoryObjectReceiveStream[_Answer], scope: anyio.CancelScope
+    ) -> None:
+        async with pending:
+            async for answer in pending:
+                self.answering = answer
                 try:
-                    data = await slot.wait()
+                    data = await answer.frame.wait()
                 except _Close as exc:
-                    log.warning("closing connection from %s: %s", peer, exc)
-                    tg.cancel_scope.cancel()
+                    self.events.record(
+                        exc.kind, "closing connection from %s: %s", self.peer, exc.reason
+                    )
+                    scope.cancel()
                     return
-                if data is not None:
-                    await send_frame(stream, data)
+                if data is None:
+                    continue
+                try:
+                    await send_frame(self.stream, data)
+                except GONE as exc:
+                    self.went_away(exc)
+                    scope.cancel()
+                    return
+                self.answering = None
 
-    previous = Turn.ended_already()
-    try:
-        async with stream, anyio.create_task_group() as tg:
-            tg.start_soon(writer)
-            async with send:
-                while True:
-                    try:
-                        chunk = await stream.receive(READ_SIZE)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
-                        break
-                    conn.receive_data(chunk)
-                    while True:
-                        try:
-                            frame = conn.next_frame()
-                        except ProtocolError as exc:
-                            log.warning("closing connection from %s: %s", peer, exc)
-                            tg.cancel_scope.cancel()
-                            return
-                        if frame is None:
-                            break
-                        slot: Promise[Frame | None] = Promise()
-                        await send.send(slot)
-                        turn = Turn()
-                        tg.start_soon(run_one, frame, slot, previous, turn)
-                        previous = turn
-            # The peer closed its side: answer what is in flight, then close.
-    except (anyio.BrokenResourceError, ConnectionError, anyio.ClosedResourceError):
-        pass
-    except Exception:
-        log.exception("connection from %s failed", peer)
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """An answer to come, in request order; `head` is its request's first four bytes."""
+
+    head: bytes
+    frame: Promise[Frame | None]
+
+    def what(self) -> str:
+        if len(self.head) < 4:
+            return "a request"
+        api_key, api_version = struct.unpack(">hh", self.head)
+        return _request_name(api_key, api_version)

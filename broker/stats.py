@@ -1,7 +1,7 @@
 """The agent's counters, written once a second to `<data-dir>/stats-<port>.json`.
 
 For benchmarks and operators: objects PUT and GET, cache hits, flushes, metadata
-transactions. The file is replaced atomically (write, then rename), only when a counter
+transactions, and the connections' expected events (bad input, clients gone). The file is replaced atomically (write, then rename), only when a counter
 changed, so a reader never sees half of it; writing it costs one small file per second.
 """
 
@@ -31,6 +31,7 @@ def snapshot(agent: Any) -> dict[str, Any]:
         "read_ahead": dict(agent.read_ahead.stats),
         "chunk_cache": dict(agent.chunks.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
+        "connections": dict(agent.events.counts),
     }
 
 
