@@ -19,6 +19,7 @@ from broker.config import BrokerConfig
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
+from broker.memory import RequestMemory
 from broker.readahead import ReadAhead
 from broker.sync import Notifier
 from metadata import cluster, keys, log, topics
@@ -58,6 +59,7 @@ class Agent:
         self.read_ahead = ReadAhead(kv, self.sub, store, self.cache, self.chunks)
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))
+        self.request_memory = RequestMemory(config.queued_max_request_bytes)
         self.pipeline = IngestPipeline(
             kv,
             self.sub,

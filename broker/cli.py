@@ -35,6 +35,13 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
 # (option, type, default, help): the single list the parser and the environment share.
 SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("host", str, "127.0.0.1", "address to listen on"),
@@ -73,6 +80,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         int,
         100 * 1024 * 1024,
         "largest request accepted (socket.request.max.bytes)",
+    ),
+    (
+        "queued-max-request-bytes",
+        _positive,
+        256 * 1024 * 1024,
+        "memory for requests being received or handled, across all connections; past it"
+        " agents stop reading until memory frees (queued.max.request.bytes)",
     ),
     ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
     ("lease-ms", int, 10_000, "agent lease: how soon the others see this agent gone"),
@@ -142,6 +156,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
         max_frame_bytes=args.max_frame_bytes,
+        queued_max_request_bytes=args.queued_max_request_bytes,
         cache_bytes=args.cache_bytes,
         lease_ms=args.lease_ms,
         group_min_session_timeout_ms=args.group_min_session_timeout_ms,

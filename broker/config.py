@@ -40,6 +40,8 @@ class BrokerConfig:
     auto_create_topics: bool = True
     default_partitions: int = 1
     max_frame_bytes: int = 100 * 1024 * 1024
+    # Bytes of requests being received or handled, across all connections.
+    queued_max_request_bytes: int = 256 * 1024 * 1024
     cache_bytes: int = 256 * 1024 * 1024
     lease_ms: int = 10_000
     # Consumer groups (Apache Kafka's group coordinator settings and defaults).
@@ -78,6 +80,11 @@ class BrokerConfig:
         if self.flush_bytes is not None:
             return self.flush_bytes
         return 4 * 1024 * 1024
+
+    @property
+    def frame_limit(self) -> int:
+        """The largest request read: a frame must also fit the request memory."""
+        return min(self.max_frame_bytes, self.queued_max_request_bytes)
 
     @property
     def advertised(self) -> str:

@@ -202,7 +202,9 @@ class _Connection:
             self.peer = f"{host}:{port}"
         except Exception:
             self.peer = "?"
-        self.framing = ServerConnection(max_frame_size=agent.config.max_frame_bytes)
+        self.framing = ServerConnection(max_frame_size=agent.config.frame_limit)
+        self.memory = agent.request_memory
+        self.held = 0  # request memory held for the frame now arriving
         self.gone = False  # the client went away: said once, then quiet
         self.answering: _Answer | None = None  # the answer the writer waits for or writes
 
@@ -232,6 +234,8 @@ class _Connection:
             self.went_away(exc)
         except Exception:
             log.exception("connection from %s failed", self.peer)
+        finally:
+            self.memory.release(self.held)
 
     async def reader(
         self, answers: MemoryObjectSendStream[_Answer], tg: anyio.abc.TaskGroup
@@ -259,16 +263,29 @@ class _Connection:
                     tg.cancel_scope.cancel()
                     return
                 if frame is None:
+                    # Hold the memory of the frame still arriving before reading on.
+                    pending = self.framing.pending_frame_size
+                    if pending > self.held:
+                        await self.memory.reserve(pending - self.held)
+                        self.held = pending
                     break
+                # A frame that came whole within one read is held now (at most one read
+                # more than the memory allows is ever buffered).
+                size = len(frame)
+                if size > self.held:
+                    await self.memory.reserve(size - self.held)
+                    self.held = size
                 answer = _Answer(frame[:4], Promise())
                 await answers.send(answer)
                 turn = Turn()
                 tg.start_soon(self.run_one, frame, answer.frame, previous, turn)
+                self.held = 0  # run_one releases it
                 previous = turn
 
     async def run_one(
         self, frame: bytes, slot: Promise[Frame | None], after: Turn, turn: Turn
     ) -> None:
+        """Handle one request in its turn; its frame's memory is released once answered."""
         try:
             await after.wait_ended()
             slot.set(await _handle_frame(self.agent, frame, self.peer, turn))
@@ -281,6 +298,7 @@ class _Connection:
             slot.fail(_Close(eventlog.HANDLER_ERROR, str(exc)))
         finally:
             turn.end()
+            self.memory.release(len(frame))
 
     async def writer(
         self, pending: MemoryObjectReceiveStream[_Answer], scope: anyio.CancelScope

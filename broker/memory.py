@@ -1,4 +1,4 @@
-"""Allocator settings for an agent process.
+"""The memory of an agent process: allocator settings, and the bound on request bytes.
 
 An agent allocates and frees large buffers all the time: request frames, the copies of
 produced batches, ingest files, the pieces of a Fetch answer and the answer's frame, each
@@ -31,6 +31,9 @@ import ctypes
 import logging
 import os
 import platform
+from collections import deque
+
+import anyio
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +72,71 @@ def tune_allocator() -> list[str]:
         else:
             log.warning("glibc refused mallopt(%d, %d)", param, value)
     return applied
+
+
+class RequestMemory:
+    """The bytes of requests being received or handled, bounded across all connections
+    (Apache Kafka's `queued.max.request.bytes` memory pool).
+
+    A connection reserves a frame's size as soon as its size prefix has arrived, before
+    reading its body, and the reservation lasts until the request is answered (a Produce
+    keeps views of its frame until its flush is committed). When the pool is used up the
+    connection stops reading from its socket until memory is released; waiters are
+    served in arrival order, so a large frame is not starved by small ones. A frame larger
+    than the whole pool could never be read, and is refused at its prefix
+    (`max_frame_size`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("the request memory must be positive")
+        self.capacity = capacity
+        self.available = capacity
+        self._waiters: deque[_Waiter] = deque()
+        self.stats = {"in_use_peak": 0, "reads_paused": 0}
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - self.available
+
+    async def reserve(self, size: int) -> None:
+        """Take `size` bytes, waiting while they are not free."""
+        if size > self.capacity:
+            raise ValueError(f"{size} bytes can never fit in {self.capacity}")
+        if not self._waiters and size <= self.available:
+            self._take(size)
+            return
+        waiter = _Waiter(size)
+        self._waiters.append(waiter)
+        self.stats["reads_paused"] += 1
+        try:
+            await waiter.granted.wait()
+        except BaseException:
+            if waiter.granted.is_set():
+                self.release(size)  # granted as it was cancelled: give it back
+            else:
+                self._waiters.remove(waiter)
+                self._grant()  # a large waiter gone may let smaller ones through
+            raise
+
+    def release(self, size: int) -> None:
+        self.available += size
+        self._grant()
+
+    def _take(self, size: int) -> None:
+        self.available -= size
+        self.stats["in_use_peak"] = max(self.stats["in_use_peak"], self.in_use)
+
+    def _grant(self) -> None:
+        while self._waiters and self._waiters[0].size <= self.available:
+            waiter = self._waiters.popleft()
+            self._take(waiter.size)
+            waiter.granted.set()
+
+
+class _Waiter:
+    __slots__ = ("size", "granted")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.granted = anyio.Event()

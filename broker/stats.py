@@ -32,6 +32,10 @@ def snapshot(agent: Any) -> dict[str, Any]:
         "chunk_cache": dict(agent.chunks.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
         "connections": dict(agent.events.counts),
+        "request_memory": {
+            "in_use": agent.request_memory.in_use,
+            **agent.request_memory.stats,
+        },
     }
 
 

@@ -87,6 +87,12 @@ class _FrameReader:
         """True once ``receive_data(b"")`` signalled the end of the stream."""
         return self._eof
 
+    @property
+    def pending_frame_size(self) -> int:
+        """The size of the frame whose prefix was read by ``next_frame`` and whose body
+        has not all arrived yet; -1 when there is none."""
+        return self._size
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self._eof:
             raise LocalProtocolError("received data after the end of the stream")
@@ -183,6 +189,13 @@ class ServerConnection:
     @property
     def at_eof(self) -> bool:
         return self._reader.at_eof
+
+    @property
+    def pending_frame_size(self) -> int:
+        """The announced size of the frame still arriving (after a ``next_frame`` call
+        that returned None), or -1: lets the caller account for memory before reading
+        the body."""
+        return self._reader.pending_frame_size
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes read from the socket; ``b""`` means the peer closed."""

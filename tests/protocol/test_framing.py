@@ -272,3 +272,18 @@ def test_server_error_response_round_trip() -> None:
     response = client.next_response()
     assert response is not None
     assert response.body == answer
+
+
+def test_the_size_of_a_frame_still_arriving_is_known_from_its_prefix() -> None:
+    connection = ServerConnection(max_frame_size=1000)
+    assert connection.pending_frame_size == -1
+    connection.receive_data(b"\x00\x00")
+    assert connection.next_frame() is None
+    assert connection.pending_frame_size == -1  # half a prefix says nothing yet
+    connection.receive_data(struct.pack(">h", 700) + b"x" * 100)
+    assert connection.next_frame() is None
+    assert connection.pending_frame_size == 700
+    connection.receive_data(b"x" * 600 + frame(b"next"))
+    assert connection.next_frame() == b"x" * 700
+    assert connection.next_frame() == b"next"
+    assert connection.pending_frame_size == -1
