@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 
 import anyio
 
+from broker import placement
 from broker.config import BrokerConfig
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
@@ -227,12 +227,9 @@ class Agent:
         return self.live
 
     def coordinator_for(self, key: str) -> AgentInfo:
-        """The agent that coordinates a group or transactional id: a hash over live agents."""
-        agents = self.live_agents()
-        return agents[zlib.crc32(key.encode()) % len(agents)]
+        """The agent that coordinates a group or transactional id (`broker.placement`)."""
+        return placement.coordinator_for(key, self.live_agents())
 
     def leader_for(self, topic_id: bytes, partition: int) -> int:
         """Every agent accepts every partition; clients still want one leader each."""
-        agents = self.live_agents()
-        index = (zlib.crc32(topic_id) + partition) % len(agents)
-        return agents[index].node_id
+        return placement.leader_for(topic_id, partition, self.live_agents()).node_id

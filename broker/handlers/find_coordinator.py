@@ -1,7 +1,7 @@
 """FindCoordinator: the agent that coordinates a group (or a transactional id).
 
-The coordinator is a hash of the key over the live agents (`Agent.coordinator_for`),
-re-read for every answer so that clients move quickly when an agent's lease runs out.
+The coordinator is the live agent that rendezvous hashing picks for the key
+(`broker.placement`, through `Agent.coordinator_for`), re-read for every answer so that clients move quickly when an agent's lease runs out.
 Key type GROUP (0) and TRANSACTION (1) share that placement. SHARE (2) is answered
 INVALID_REQUEST, as Apache Kafka does without a share coordinator; so is any other type.
 v0-v3 ask for one key; v4+ batch several.
