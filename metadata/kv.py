@@ -11,7 +11,8 @@ Shaped like FoundationDB so that the same layer code runs on every backend:
 * `add` is FoundationDB's atomic ADD: the value is a little-endian signed 64-bit integer,
   a missing key counts as zero.
 
-Backends: `metadata.sqlite_kv` (embedded default) and, later, FoundationDB.
+Backends: `metadata.sqlite_kv` (embedded default) and `metadata.fdb_kv` (FoundationDB),
+both held to one contract (tests/metadata/test_kv_contract.py); `open_kv` picks one by URL.
 """
 
 from __future__ import annotations

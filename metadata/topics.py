@@ -103,7 +103,8 @@ def create_topic(
 
 
 def delete_topic(tr: Transaction, sub: keys.Subspace, name: str) -> bytes:
-    """Remove the topic and its log index; returns its id. Objects are collected later."""
+    """Remove the topic and its log index; returns its id. Its objects stay in the object
+    store: nothing deletes objects yet."""
     topic_id = tr.get(sub.key(keys.TOPIC_NAME, name))
     if topic_id is None:
         raise MetadataError(
