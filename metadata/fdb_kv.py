@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import anyio.to_thread
 
-from metadata import tuple as kt
+from metadata import tuple_layer as kt
 from metadata.kv import KVError, encode_i64
 
 if TYPE_CHECKING:

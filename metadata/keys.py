@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metadata.tuple import pack, unpack
+from metadata.tuple_layer import pack, unpack
 
 CLUSTER = 1
 NODE = 2

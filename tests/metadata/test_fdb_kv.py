@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import pytest
 
-from metadata import tuple as kt
+from metadata import tuple_layer as kt
 from metadata.fdb_kv import (
     API_VERSION,
     FDBKV,

@@ -22,7 +22,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from metadata import tuple as kt
+from metadata import tuple_layer as kt
 from metadata.kv import KV, KVError, ReadTransaction, Transaction, decode_i64, encode_i64
 from metadata.sqlite_kv import SQLiteKV
 
@@ -525,7 +525,7 @@ def test_committed_values_survive_a_writer_dying_without_close(kv: KV, backend: 
     assert rows == [(b"crash/%03d" % i, b"v%d" % i) for i in range(50)]
 
 
-# -- tuple helpers (metadata/tuple.py) --------------------------------------------------
+# -- tuple helpers (metadata/tuple_layer.py) --------------------------------------------------
 
 
 def test_tuple_encoding_is_foundationdb_byte_for_byte() -> None:
@@ -558,7 +558,7 @@ def test_range_of_and_strinc() -> None:
 
 
 def test_tuple_helpers_do_not_load_the_fdb_client_library() -> None:
-    code = "import sys, metadata.tuple as t; t.pack((1, 'a')); assert 'fdb.impl' not in sys.modules"
+    code = "import sys, metadata.tuple_layer as t; t.pack((1, 'a')); assert 'fdb.impl' not in sys.modules"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
