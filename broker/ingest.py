@@ -2,28 +2,26 @@
 
 Batches from every connection and partition collect in one buffer. A flush starts when
 the buffer holds `flush_bytes` or its oldest batch has waited `flush_interval_ms`. Each
-flush uploads one ingest file (if-absent) and then commits it in one metadata
-transaction. Uploads may overlap; commits happen strictly in flush order, so a
-producer's pipelined requests keep their order. No batch is answered before its object
-is durable and its commit is done.
+flush uploads one ingest file (if-absent) in a worker thread and then waits for its
+commit. Uploads may overlap; commits happen strictly in flush order, so a producer's
+pipelined requests keep their order. No batch is answered before its object is durable
+and its commit is done.
 
-Each flush goes to a worker thread once: it uploads there and then commits there too,
-in the same thread. Group commit: the thread that commits takes every uploaded flush
-that is next in flush order into one metadata transaction (each file still gets its own
-`commit_ingest`). A flush uploaded while another thread commits is left to that thread,
-which looks again when its transaction is done, so commits never queue one behind the
-other and no thread waits for another. If a transaction fails, every flush in it is
-answered KAFKA_STORAGE_ERROR (nothing of it is acked).
+One committer task owns the commit side: it takes the uploaded flushes in flush order
+and commits every one that is ready, in one metadata transaction (group commit; each
+file still gets its own `commit_ingest`). A flush uploaded while a transaction runs
+waits for the next one. A flush whose upload failed, or that failed before it, is
+skipped in its turn. If a transaction fails, every flush in it is answered
+KAFKA_STORAGE_ERROR (nothing of it is acked).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -59,12 +57,7 @@ class _Flush:
     data: bytes
     pending: list[PendingBatch]
     order: list[int]  # the buffer index of each pending batch
-    done: Promise[None]  # resolved by the thread that commits it, if not its own
-    # Set under the pipeline's commit lock:
-    results: list[AppendResult] | None = None
-    uploaded: bool = False
-    failed: bool = False  # the upload or the commit failed: nothing of it is acked
-    handed_off: bool = False  # its own thread returned before it was committed
+    committed: Promise[list[AppendResult]]  # resolved by the committer
 
 
 @dataclass(slots=True)
@@ -104,15 +97,12 @@ class IngestPipeline:
         self._oldest = 0.0
         self._arrived = anyio.Event()
         self._full = anyio.Event()
-        # Flush order: run() numbers flushes; they are committed in that order. The
-        # worker threads keep that order under _commit_lock.
+        # Flush order: run() numbers flushes; the committer commits them in that order.
         self._next_flush = 0
-        self._commit_lock = threading.Lock()
-        self._uploaded: dict[int, _Flush | None] = {}  # None: not to be committed
+        self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
+        self._uploaded_changed = anyio.Event()
         self._next_commit = 0
-        self._committing = False
         self._threads = anyio.CapacityLimiter(max_concurrent_flushes)
-        self._loop: asyncio.AbstractEventLoop | None = None  # set by run()
         self.stats = PipelineStats()
 
     async def append(
@@ -137,9 +127,10 @@ class IngestPipeline:
         return promise
 
     async def run(self) -> None:
-        """The flusher loop; runs for the life of the agent in its root task group."""
-        self._loop = asyncio.get_running_loop()  # where worker threads resolve promises
+        """The flusher loop and the committer; run for the life of the agent in its root
+        task group."""
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._committer)
             while True:
                 await self._arrived.wait()
                 deadline = self._oldest + self._interval
@@ -165,34 +156,79 @@ class IngestPipeline:
                 flush = self._prepare(items, seq)
                 # Into the cache first: no reader looks for this key before its commit.
                 self._cache.put(flush.key, flush.data)
-                committed = await anyio.to_thread.run_sync(
-                    self._upload_and_commit, flush, limiter=self._threads
+                await anyio.to_thread.run_sync(
+                    partial(self._store.put_sync, flush.key, flush.data, if_absent=True),
+                    limiter=self._threads,
                 )
-                if committed is None:  # another thread commits it
-                    await flush.done.wait()
-                    committed = flush.results
-                assert committed is not None
+            except Exception as exc:  # nothing of it is acked
+                if flush is None:
+                    log.exception("flush of %d batches failed", len(items))
+                else:
+                    log.warning("upload of %d batches failed: %s", len(items), exc)
+                    self.stats.failed_flushes += 1
+                    self._cache.discard(flush.key)
+                self._hand_over(seq, None)
+            else:
+                self.stats.flushes += 1
+                self.stats.batches += len(items)
+                self.stats.bytes += len(flush.data)
+                self._hand_over(seq, flush)
+                committed = await flush.committed.wait()
                 for i, result in zip(flush.order, committed, strict=True):
                     results[i] = result
-            except Exception:
-                log.exception("flush of %d batches failed", len(items))
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self._give_up_turn(seq)  # nothing to do once it took its turn
         finally:
+            if seq not in self._uploaded and seq >= self._next_commit:
+                self._hand_over(seq, None)  # cancelled: do not hold back the others
             self._flush_slots.release()
-        if flush is not None and flush.uploaded:
-            self.stats.flushes += 1
-            self.stats.batches += len(items)
-            self.stats.bytes += len(flush.data)
-        if flush is not None and (flush.failed or flush.results is None):
-            self._cache.discard(flush.key)  # never committed
         touched = set()
         for item, result in zip(items, results, strict=True):
             item.promise.set(result)
             touched.add((item.topic_id, item.partition))
         for key in touched:
             self._notifier.notify(key)
+
+    def _hand_over(self, seq: int, flush: _Flush | None) -> None:
+        """Flush seq is uploaded (None: it is not to be committed); tell the committer."""
+        self._uploaded[seq] = flush
+        self._uploaded_changed.set()
+
+    async def _committer(self) -> None:
+        """Commit the uploaded flushes in flush order: every one that is ready, together."""
+        while True:
+            self._uploaded_changed = anyio.Event()
+            group: list[_Flush] = []
+            while self._next_commit in self._uploaded:
+                uploaded = self._uploaded.pop(self._next_commit)
+                self._next_commit += 1
+                if uploaded is not None:
+                    group.append(uploaded)
+            if group:
+                await self._commit(group)
+            else:
+                await self._uploaded_changed.wait()
+
+    async def _commit(self, group: list[_Flush]) -> None:
+        """One metadata transaction for the group; then each flush has its results."""
+        now_ms = int(self._clock() * 1000)
+
+        def txn(tr: Any) -> list[list[AppendResult]]:
+            return [
+                commit_ingest(tr, self._sub, f.key, len(f.data), now_ms, f.pending) for f in group
+            ]
+
+        try:
+            committed = await self._kv.transact(txn)
+            self.stats.commits += 1
+        except Exception as exc:  # the metadata store failed: nothing of it is acked
+            log.warning("commit of %d flushes failed: %s", len(group), exc)
+            self.stats.failed_flushes += len(group)
+            committed = [
+                [AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending) for f in group
+            ]
+            for f in group:
+                self._cache.discard(f.key)  # never committed
+        for f, results in zip(group, committed, strict=True):
+            f.committed.set(results)
 
     def _prepare(self, items: list[_Queued], seq: int) -> _Flush:
         """The flush's object and what its commit will record, on the event loop."""
@@ -227,92 +263,3 @@ class IngestPipeline:
                     )
                 )
         return _Flush(seq, new_object_key(), data, pending, order, Promise())
-
-    async def _give_up_turn(self, seq: int) -> None:
-        """If flush seq never took its turn (it failed before its upload, or was cancelled),
-        give it up, so that the flushes after it are not held back."""
-        with self._commit_lock:
-            if seq < self._next_commit or seq in self._uploaded:
-                return
-        await anyio.to_thread.run_sync(self._take_turn, seq, None)
-
-    # -- in worker threads ---------------------------------------------------------------
-
-    def _upload_and_commit(self, flush: _Flush) -> list[AppendResult] | None:
-        """Upload the flush's object, then commit what is next in order unless another
-        thread is committing. Returns the flush's results, or None when another thread
-        commits it (flush.done resolves then)."""
-        try:
-            self._store.put_sync(flush.key, flush.data, if_absent=True)
-        except Exception as exc:  # the store failed: nothing is acked
-            log.warning("upload of %d batches failed: %s", len(flush.pending), exc)
-            with self._commit_lock:
-                self.stats.failed_flushes += 1
-                flush.failed = True
-            self._take_turn(flush.seq, None)
-            return [AppendResult(ErrorCode.kafka_storage_error)] * len(flush.pending)
-        flush.uploaded = True
-        self._take_turn(flush.seq, flush)
-        with self._commit_lock:
-            if flush.results is None:
-                flush.handed_off = True
-            return flush.results
-
-    def _take_turn(self, seq: int, flush: _Flush | None) -> None:
-        """Flush seq is uploaded (None: it is not to be committed). Unless another thread
-        is committing, commit every uploaded flush that is next in order, until none is."""
-        with self._commit_lock:
-            self._uploaded[seq] = flush
-            if self._committing:
-                return  # that thread looks again when its transaction is done
-            self._committing = True
-        while True:
-            with self._commit_lock:
-                group: list[_Flush] = []
-                while self._next_commit in self._uploaded:
-                    uploaded = self._uploaded.pop(self._next_commit)
-                    self._next_commit += 1
-                    if uploaded is not None:
-                        group.append(uploaded)
-                if not group:
-                    self._committing = False
-                    return
-            self._commit(group)
-
-    def _commit(self, group: list[_Flush]) -> None:
-        """One metadata transaction for the group; then each flush has its results."""
-        now_ms = int(self._clock() * 1000)
-
-        def txn(tr: Any) -> list[list[AppendResult]]:
-            return [
-                commit_ingest(tr, self._sub, f.key, len(f.data), now_ms, f.pending) for f in group
-            ]
-
-        try:
-            committed = self._kv.transact_sync(txn)
-            failed = False
-        except Exception as exc:  # the metadata store failed: nothing of it is acked
-            log.warning("commit of %d flushes failed: %s", len(group), exc)
-            committed = [
-                [AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending) for f in group
-            ]
-            failed = True
-        with self._commit_lock:
-            if failed:
-                self.stats.failed_flushes += len(group)
-            else:
-                self.stats.commits += 1
-            for f, results in zip(group, committed, strict=True):
-                f.results = results
-                f.failed = failed
-                if f.handed_off:
-                    _wake(self._loop, f.done)
-
-
-def _wake(loop: asyncio.AbstractEventLoop | None, promise: Promise[None]) -> None:
-    """Resolve a promise of the event loop from a worker thread."""
-    assert loop is not None  # flushes start only in run()
-    try:
-        loop.call_soon_threadsafe(promise.set, None)
-    except RuntimeError:  # the loop is closed: nobody waits any more
-        pass
