@@ -1,5 +1,20 @@
 """Fetch: chunk index lookup, ranged reads (cache first), baseOffset rewrite, long poll.
 
+A Fetch goes plan → read → select → answer:
+
+- plan: resolve each requested partition once (topic by name or by id) into a `_Partition`
+  that carries everything about it from then on;
+- read: one metadata read gives each partition its state and the chunk entries a budget
+  of partition_max_bytes can take from; then the entries' bytes are read (cache first),
+  and each partition keeps its own (entry, bytes) pairs;
+- select: walk the batch headers of those bytes and take the batches from fetch_offset
+  on, within the partition's and the request's byte budgets;
+- answer: the response, in the order of the request.
+
+With fewer than min_bytes selected, the Fetch waits for any of its partitions to change
+(up to max_wait) and reads again; it watches them from before its first read, so an
+append between a read and the wait is never missed.
+
 Sessionless: every answer carries session id 0, which tells clients to send full fetch
 requests. Records are never decoded; only batch headers are walked to number them.
 The first batch of a response is returned even when it is larger than the byte limits
@@ -8,6 +23,7 @@ The first batch of a response is returned even when it is larger than the byte l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,64 +50,117 @@ QUICK_READ_PARTITIONS = 16
 QUICK_ABORT_MARKERS = 64
 LEADER_EPOCH = 0  # no replication, no truncation: one epoch forever
 
+Chunk = tuple[log_layer.ChunkEntry, bytes | memoryview]  # an entry and its bytes
+
 
 @dataclass(slots=True)
-class _Wanted:
+class _Partition:
+    """One requested partition: what was asked, what was read, and what is answered."""
+
     partition: int
     fetch_offset: int
     partition_max_bytes: int
-    topic: topics_layer.Topic | None
+    topic: topics_layer.Topic | None  # None: nothing to read (see error)
     missing: ErrorCode  # the error for a topic that is not (or no longer) there
     error: ErrorCode = ErrorCode.none
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
     aborted: list[tuple[int, int]] = field(default_factory=list)
-    records: Gathered | bytes = b""
     entries: list[log_layer.ChunkEntry] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
+    records: Gathered | bytes = b""
+
+    def gone(self) -> None:
+        """The topic was deleted since the request came: an error, and nothing else."""
+        self.error = self.missing
+        self.high_watermark = self.last_stable_offset = self.log_start_offset = -1
+        self.aborted, self.entries, self.chunks, self.records = [], [], [], b""
 
 
 @dataclass(frozen=True, slots=True)
-class _Read:
+class _State:
+    """What one metadata read found for one partition."""
+
     state: log_layer.PartitionState | None
     last_stable_offset: int
     entries: list[log_layer.ChunkEntry]
     aborted: list[tuple[int, int]]
 
 
-class _LongRead(Exception):
-    """A quick read found more abort markers than it may read."""
+_NOTHING = _State(None, -1, [], [])
 
 
-def _read_partitions(
-    agent: Any, wanted: list[_Wanted], read_committed: bool, abort_marker_limit: int = 0
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The request's partitions, grouped as it named their topics."""
+
+    topics: list[tuple[Any, list[_Partition]]]  # (name, or id from v13; its partitions)
+    partitions: list[_Partition]
+
+
+# -- plan ---------------------------------------------------------------------------------
+
+
+async def _plan(request: Any, agent: Any, version: int) -> _Plan:
+    topics: list[tuple[Any, list[_Partition]]] = []
+    for fetch_topic in request.topics:
+        topic: topics_layer.Topic | None
+        if version >= 13:
+            topic_id = fetch_topic.topic_id
+            topic = await agent.topic_by_id(topic_id.bytes) if topic_id is not None else None
+            missing, ref = ErrorCode.unknown_topic_id, topic_id
+        else:
+            topic = await agent.topic(fetch_topic.topic)
+            missing, ref = ErrorCode.unknown_topic_or_partition, fetch_topic.topic
+        parts = []
+        for fp in fetch_topic.partitions:
+            p = _Partition(fp.partition, fp.fetch_offset, fp.partition_max_bytes, topic, missing)
+            if topic is None:
+                p.error = missing
+            elif not 0 <= fp.partition < topic.partitions:
+                p.error = ErrorCode.unknown_topic_or_partition
+                p.topic = None
+            parts.append(p)
+        topics.append((ref, parts))
+    return _Plan(topics, [p for _ref, parts in topics for p in parts])
+
+
+# -- read ---------------------------------------------------------------------------------
+
+
+def _read_states(
+    agent: Any, partitions: Sequence[_Partition], read_committed: bool, abort_marker_limit: int
 ) -> Any:
-    def txn(tr: Any) -> list[_Read]:
+    """The metadata read: each partition's state, entries and aborted transactions; None
+    when a partition has more than abort_marker_limit abort markers (0: no limit)."""
+
+    def txn(tr: Any) -> list[_State] | None:
         out = []
-        for w in wanted:
-            if w.topic is None:
-                out.append(_Read(None, -1, [], []))
+        for p in partitions:
+            if p.topic is None:
+                out.append(_NOTHING)
                 continue
-            tid = w.topic.topic_id
-            state = log_layer.get_partition(tr, agent.sub, tid, w.partition)
+            tid = p.topic.topic_id
+            state = log_layer.get_partition(tr, agent.sub, tid, p.partition)
             if state is None:
-                out.append(_Read(None, -1, [], []))
+                out.append(_NOTHING)
                 continue
-            lso = txns.last_stable_offset(tr, agent.sub, tid, w.partition, state.high_watermark)
+            lso = txns.last_stable_offset(tr, agent.sub, tid, p.partition, state.high_watermark)
             end = lso if read_committed else state.high_watermark
             entries: list[log_layer.ChunkEntry] = []
             aborted: list[tuple[int, int]] = []
-            if state.log_start_offset <= w.fetch_offset < end:
+            if state.log_start_offset <= p.fetch_offset < end:
                 # Only the entries a budget of partition_max_bytes can take from.
                 entries = read_chunks_cached(
                     tr,
                     agent.chunks,
                     agent.sub,
                     tid,
-                    w.partition,
-                    w.fetch_offset,
+                    p.partition,
+                    p.fetch_offset,
                     ENTRIES_PER_READ,
-                    w.partition_max_bytes,
+                    p.partition_max_bytes,
                     state.high_watermark,
                 )
                 if read_committed:
@@ -99,35 +168,86 @@ def _read_partitions(
                         tr,
                         agent.sub,
                         tid,
-                        w.partition,
-                        w.fetch_offset,
+                        p.partition,
+                        p.fetch_offset,
                         end,
                         scan_limit=abort_marker_limit,
                     )
                     if found is None:
-                        raise _LongRead
+                        return None
                     aborted = found
-            out.append(_Read(state, lso, entries, aborted))
+            out.append(_State(state, lso, entries, aborted))
         return out
 
     return txn
 
 
-async def _read_states(
-    agent: Any, wanted: list[_Wanted], read_committed: bool, quick: bool
-) -> list[_Read]:
-    if quick:
-        try:
-            return await agent.kv.read(
-                _read_partitions(agent, wanted, read_committed, QUICK_ABORT_MARKERS), quick=True
-            )
-        except _LongRead:
-            pass
-    return await agent.kv.read(_read_partitions(agent, wanted, read_committed))
+async def _read_metadata(
+    agent: Any, partitions: list[_Partition], read_committed: bool
+) -> list[_State]:
+    states: list[_State] | None = None
+    if len(partitions) <= QUICK_READ_PARTITIONS:
+        states = await agent.kv.read(
+            _read_states(agent, partitions, read_committed, QUICK_ABORT_MARKERS), quick=True
+        )
+    if states is None:  # too many partitions or abort markers for a quick read
+        states = await agent.kv.read(_read_states(agent, partitions, read_committed, 0))
+    assert states is not None
+    return states
+
+
+def _take_state(agent: Any, p: _Partition, read: _State) -> None:
+    """Keep what the metadata read found on the partition; ask for read-ahead if behind."""
+    state, entries = read.state, read.entries
+    if state is None:
+        p.gone()
+        return
+    p.high_watermark = state.high_watermark
+    p.last_stable_offset = read.last_stable_offset
+    p.log_start_offset = state.log_start_offset
+    p.aborted = read.aborted
+    if not state.log_start_offset <= p.fetch_offset <= state.high_watermark:
+        p.error = ErrorCode.offset_out_of_range
+    p.entries = entries
+    behind = bool(entries) and entries[-1].last_offset + 1 < state.high_watermark
+    if (
+        behind
+        and p.topic is not None
+        and (
+            any(e.object_key not in agent.cache for e in entries)
+            or agent.read_ahead.was_read_ahead(entries[-1].object_key)
+        )
+    ):
+        # Reading behind the cache: have the next stretch there for the next Fetch.
+        agent.read_ahead.request(
+            p.topic.topic_id,
+            p.partition,
+            # From the last entry read: the next Fetch may start inside it.
+            entries[-1].base_offset,
+            p.partition_max_bytes,
+        )
+
+
+async def _read(agent: Any, partitions: list[_Partition], read_committed: bool) -> None:
+    """Read every partition's state and the bytes of its entries, onto the partition."""
+    states = await _read_metadata(agent, partitions, read_committed)
+    for p, read in zip(partitions, states, strict=True):
+        if p.topic is not None:
+            _take_state(agent, p, read)
+    owners = [(p, e) for p in partitions for e in p.entries]
+    ranges = [(e.object_key, e.start, e.start + e.length) for _p, e in owners]
+    blobs = await agent.reader.read_many(ranges) if ranges else []
+    for p in partitions:
+        p.chunks = []
+    for (p, entry), blob in zip(owners, blobs, strict=True):
+        p.chunks.append((entry, blob))
+
+
+# -- select -------------------------------------------------------------------------------
 
 
 def _select(
-    entries_data: list[tuple[log_layer.ChunkEntry, bytes | memoryview]],
+    chunks: Sequence[Chunk],
     fetch_offset: int,
     end_offset: int,
     budget: int,
@@ -139,7 +259,7 @@ def _select(
     bodies where they are (the cache): nothing is copied here."""
     pieces: list[bytes | memoryview] = []
     used = 0
-    for entry, data in entries_data:
+    for entry, data in chunks:
         next_offset = entry.base_offset
         for view in iter_batches(data):
             batch_first = next_offset
@@ -153,6 +273,57 @@ def _select(
             pieces += numbered_parts(view, batch_first, LEADER_EPOCH)
             used += view.size
     return Gathered(pieces), used
+
+
+def _select_all(partitions: list[_Partition], max_bytes: int, read_committed: bool) -> int:
+    """Select each partition's records within the budgets; the bytes selected in all."""
+    total = 0
+    for p in partitions:
+        if not p.chunks:
+            continue
+        budget = max(0, min(p.partition_max_bytes, max_bytes - total))
+        end = p.last_stable_offset if read_committed else p.high_watermark
+        p.records, used = _select(p.chunks, p.fetch_offset, end, budget, total == 0)
+        total += used
+    return total
+
+
+# -- answer -------------------------------------------------------------------------------
+
+
+def _answer(request: Any, version: int, plan: _Plan, read_committed: bool) -> Any:
+    responses = []
+    for ref, parts in plan.topics:
+        responses.append(
+            {
+                "topic": ref if version < 13 else None,
+                "topic_id": ref if version >= 13 else None,
+                "partitions": [
+                    {
+                        "partition_index": p.partition,
+                        "error_code": p.error,
+                        "high_watermark": p.high_watermark,
+                        "last_stable_offset": p.last_stable_offset,
+                        "log_start_offset": p.log_start_offset,
+                        "aborted_transactions": (
+                            [
+                                {"producer_id": pid, "first_offset": first}
+                                for pid, first in p.aborted
+                            ]
+                            if read_committed
+                            else None
+                        ),
+                        "preferred_read_replica": -1,
+                        "records": p.records if p.error == ErrorCode.none else b"",
+                    }
+                    for p in parts
+                ],
+            }
+        )
+    return build(
+        response_class(request),
+        {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses},
+    )
 
 
 @api(API_KEY, 4, 17)
@@ -169,128 +340,23 @@ async def handle(request: Any, ctx: Any) -> Any:
                 "responses": [],
             },
         )
-    # Resolve every requested partition once.
-    topic_order: list[tuple[Any, list[_Wanted]]] = []
-    for fetch_topic in request.topics:
-        topic_id = getattr(fetch_topic, "topic_id", None)
-        if version >= 13:
-            topic = await agent.topic_by_id(topic_id.bytes) if topic_id is not None else None
-            missing = ErrorCode.unknown_topic_id
-            ref: Any = topic_id
-        else:
-            topic = await agent.topic(fetch_topic.topic)
-            missing = ErrorCode.unknown_topic_or_partition
-            ref = fetch_topic.topic
-        parts = []
-        for fp in fetch_topic.partitions:
-            w = _Wanted(fp.partition, fp.fetch_offset, fp.partition_max_bytes, topic, missing)
-            if topic is None:
-                w.error = missing
-                w.topic = None
-            elif not 0 <= fp.partition < topic.partitions:
-                w.error = ErrorCode.unknown_topic_or_partition
-                w.topic = None
-            parts.append(w)
-        topic_order.append((ref, parts))
-    wanted = [w for _ref, parts in topic_order for w in parts]
-
-    max_wait = ms(request.max_wait) / 1000
+    plan = await _plan(request, agent, version)
+    partitions = plan.partitions
     min_bytes = max(int(request.min_bytes), 0)
     max_bytes = int(getattr(request, "max_bytes", 2**31 - 1))
-    deadline = anyio.current_time() + max_wait
+    deadline = anyio.current_time() + ms(request.max_wait) / 1000
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-    quick = len(wanted) <= QUICK_READ_PARTITIONS
-    keys = [(w.topic.topic_id, w.partition) for w in wanted if w.topic is not None]
-    # Watched from before the first read: an append between a read and the wait wakes it.
+    keys = [(p.topic.topic_id, p.partition) for p in partitions if p.topic is not None]
     with agent.notifier.watch(keys) as watch:
         while True:
             watch.arm()
-            states = await _read_states(agent, wanted, read_committed, quick)
-            reads: list[tuple[str, int, int]] = []
-            for w, read in zip(wanted, states, strict=True):
-                if w.topic is None:
-                    continue
-                state, entries = read.state, read.entries
-                if state is None:  # deleted since the request came
-                    w.error = w.missing
-                    w.high_watermark = w.last_stable_offset = w.log_start_offset = -1
-                    w.aborted, w.entries, w.records = [], [], b""
-                    continue
-                w.high_watermark = state.high_watermark
-                w.last_stable_offset = read.last_stable_offset
-                w.log_start_offset = state.log_start_offset
-                w.aborted = read.aborted
-                if not state.log_start_offset <= w.fetch_offset <= state.high_watermark:
-                    w.error = ErrorCode.offset_out_of_range
-                w.entries = entries
-                for e in w.entries:
-                    reads.append((e.object_key, e.start, e.start + e.length))
-                behind = bool(entries) and entries[-1].last_offset + 1 < state.high_watermark
-                if behind and (
-                    any(e.object_key not in agent.cache for e in entries)
-                    or agent.read_ahead.was_read_ahead(entries[-1].object_key)
-                ):
-                    # Reading behind the cache: have the next stretch there for the next Fetch.
-                    agent.read_ahead.request(
-                        w.topic.topic_id,
-                        w.partition,
-                        # From the last entry read: the next Fetch may start inside it.
-                        entries[-1].base_offset,
-                        w.partition_max_bytes,
-                    )
-            blobs = await agent.reader.read_many(reads) if reads else []
-            i = 0
-            total = 0
-            for w in wanted:
-                if not w.entries:
-                    continue
-                entries_data = []
-                for e in w.entries:
-                    entries_data.append((e, blobs[i]))
-                    i += 1
-                budget = max(0, min(w.partition_max_bytes, max_bytes - total))
-                end = w.last_stable_offset if read_committed else w.high_watermark
-                w.records, used = _select(
-                    entries_data, w.fetch_offset, end, budget, must_take_one=total == 0
-                )
-                total += used
+            await _read(agent, partitions, read_committed)
+            total = _select_all(partitions, max_bytes, read_committed)
             remaining = deadline - anyio.current_time()
-            has_error = any(w.error != ErrorCode.none for w in wanted)
-            if total >= min_bytes or remaining <= 0 or has_error or not wanted:
+            has_error = any(p.error != ErrorCode.none for p in partitions)
+            if total >= min_bytes or remaining <= 0 or has_error or not partitions:
                 break
             ctx.end_turn()  # a Fetch takes no effect: what comes after it need not wait
             with anyio.move_on_after(remaining):
                 await watch.wait()
-
-    responses = []
-    for ref, parts in topic_order:
-        responses.append(
-            {
-                "topic": ref if version < 13 else None,
-                "topic_id": ref if version >= 13 else None,
-                "partitions": [
-                    {
-                        "partition_index": w.partition,
-                        "error_code": w.error,
-                        "high_watermark": w.high_watermark,
-                        "last_stable_offset": w.last_stable_offset,
-                        "log_start_offset": w.log_start_offset,
-                        "aborted_transactions": (
-                            [
-                                {"producer_id": pid, "first_offset": first}
-                                for pid, first in w.aborted
-                            ]
-                            if read_committed
-                            else None
-                        ),
-                        "preferred_read_replica": -1,
-                        "records": w.records if w.error == ErrorCode.none else b"",
-                    }
-                    for w in parts
-                ],
-            }
-        )
-    return build(
-        response_class(request),
-        {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses},
-    )
+    return _answer(request, version, plan, read_committed)
