@@ -7,7 +7,8 @@ import uuid
 
 from kio.schema.errors import ErrorCode
 
-from broker.agent import Agent, now_ms
+from broker.agent import now_ms
+from broker.context import AgentServices
 from metadata import topics
 from metadata.errors import MetadataError
 
@@ -35,7 +36,7 @@ def topic_name_error(name: str) -> str | None:
 
 
 async def create_topic(
-    agent: Agent,
+    agent: AgentServices,
     name: str,
     partitions: int,
     configs: dict[str, str] | None = None,

@@ -25,6 +25,7 @@ import logging
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -119,7 +120,8 @@ async def send_frame(stream: anyio.abc.SocketStream, frame: Frame) -> None:
                 if sent < sum(map(len, batch)):
                     break
     for part in frame:
-        await stream.send(part)
+        # anyio's types say bytes; its stream writes any buffer, and a copy would cost.
+        await stream.send(cast(bytes, part))
 
 
 def _after(frame: Frame, sent: int) -> Frame:
@@ -198,10 +200,10 @@ class _Connection:
         self.stream = stream
         self.events = agent.events
         try:
-            host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
-            self.peer = f"{host}:{port}"
-        except Exception:
-            self.peer = "?"
+            address = stream.extra(anyio.abc.SocketAttribute.remote_address)
+        except anyio.TypedAttributeLookupError:
+            address = "?"
+        self.peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else address
         self.framing = ServerConnection(max_frame_size=agent.config.frame_limit)
         self.memory = agent.request_memory
         self.held = 0  # request memory held for the frame now arriving

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from broker.context import AgentServices
 from metadata import log as log_layer
 from protocol.records import iter_batches, iter_records
 
@@ -21,7 +22,7 @@ PAGE = 256
 NOT_FOUND = (-1, -1)
 
 
-async def _entries(agent: Any, topic_id: bytes, partition: int) -> list[log_layer.ChunkEntry]:
+async def _entries(agent: AgentServices, topic_id: bytes, partition: int) -> list[log_layer.ChunkEntry]:
     """Every chunk entry of the partition, in offset order."""
 
     def txn(tr: Any) -> list[log_layer.ChunkEntry]:
@@ -49,7 +50,7 @@ def _batches(entry: log_layer.ChunkEntry, data: bytes) -> Iterator[tuple[int, An
 
 
 async def offset_for_timestamp(
-    agent: Any, topic_id: bytes, partition: int, timestamp: int, log_start: int
+    agent: AgentServices, topic_id: bytes, partition: int, timestamp: int, log_start: int
 ) -> tuple[int, int]:
     """(offset, timestamp) of the first record with timestamp >= the given one."""
     for entry in await _entries(agent, topic_id, partition):
@@ -67,7 +68,7 @@ async def offset_for_timestamp(
 
 
 async def offset_of_max_timestamp(
-    agent: Any, topic_id: bytes, partition: int, log_start: int
+    agent: AgentServices, topic_id: bytes, partition: int, log_start: int
 ) -> tuple[int, int]:
     best: log_layer.ChunkEntry | None = None
     for entry in await _entries(agent, topic_id, partition):

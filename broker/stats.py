@@ -16,12 +16,14 @@ from typing import Any
 
 import anyio
 
+from broker.context import AgentServices
+
 log = logging.getLogger(__name__)
 
 INTERVAL_SECONDS = 1.0
 
 
-def snapshot(agent: Any) -> dict[str, Any]:
+def snapshot(agent: AgentServices) -> dict[str, Any]:
     """Every counter of the agent, as plain JSON values."""
     return {
         "pipeline": dataclasses.asdict(agent.pipeline.stats),
@@ -50,7 +52,7 @@ def _write(path: str, body: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def stats_loop(agent: Any, path: str, interval: float = INTERVAL_SECONDS) -> None:
+async def stats_loop(agent: AgentServices, path: str, interval: float = INTERVAL_SECONDS) -> None:
     """Write the counters to `path` every `interval` seconds while they change."""
     last: dict[str, Any] | None = None
     warned = False

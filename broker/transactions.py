@@ -16,7 +16,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker.agent import Agent, now_ms
+from broker.agent import now_ms
+from broker.context import AgentServices
 from metadata import cluster, groups, log, producers, txns
 from metadata.errors import MetadataError
 from protocol.records import build_batch, end_txn_marker
@@ -35,7 +36,7 @@ class _Changed(Exception):
 
 
 async def end_transaction(
-    agent: Agent,
+    agent: AgentServices,
     transactional_id: str,
     producer_id: int,
     epoch: int,
@@ -67,7 +68,7 @@ async def end_transaction(
 
 
 async def _write_markers(
-    agent: Agent, txn: txns.Txn, commit: bool, bump_epoch: bool
+    agent: AgentServices, txn: txns.Txn, commit: bool, bump_epoch: bool
 ) -> list[tuple[bytes, int]]:
     now = now_ms()
     key, value = end_txn_marker(commit, COORDINATOR_EPOCH)
@@ -138,7 +139,7 @@ async def _write_markers(
     return partitions
 
 
-def _to_group_offset(agent: Agent) -> txns.OffsetApplier:
+def _to_group_offset(agent: AgentServices) -> txns.OffsetApplier:
     """How a committed transactional offset becomes the group's committed offset."""
 
     def apply(tr: Any, *offset: Any) -> None:
@@ -148,7 +149,7 @@ def _to_group_offset(agent: Agent) -> txns.OffsetApplier:
 
 
 async def init_transactional_producer(
-    agent: Agent,
+    agent: AgentServices,
     transactional_id: str,
     timeout_ms: int,
     expected_producer_id: int = -1,
@@ -214,7 +215,7 @@ async def init_transactional_producer(
     raise MetadataError(ErrorCode.concurrent_transactions)
 
 
-async def abort_expired(agent: Agent, is_mine: Any) -> int:
+async def abort_expired(agent: AgentServices, is_mine: Any) -> int:
     """Abort (and fence) every ongoing transaction past its timeout that this agent
     coordinates; returns how many were aborted."""
     now = now_ms()

@@ -11,11 +11,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.index import load_response_schema
 
-Handler = Callable[[Any, Any], Awaitable[Any]]
+if TYPE_CHECKING:
+    from broker.context import HandlerContext
+
+# (kio request entity of a registered version, its context) -> kio response entity or None
+Handler = Callable[[Any, "HandlerContext"], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from typing import Any
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import REGISTRY, api, response_class
 
@@ -29,7 +30,7 @@ def unsupported_version_answer() -> Any:
 
 
 @api(API_KEY, 0, 4)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     return build(
         response_class(request),
         {

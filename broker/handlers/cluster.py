@@ -14,6 +14,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.admin import topic_name_error
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.handlers.metadata import broker_entries, partition_entries
@@ -44,7 +45,7 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__sha
 
 
 @api(DESCRIBE_CLUSTER, 0, 2)
-async def describe_cluster(request: Any, ctx: Any) -> Any:
+async def describe_cluster(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     endpoint_type = getattr(request, "endpoint_type", BROKER_ENDPOINTS)
     cls = response_class(request)
@@ -132,7 +133,7 @@ def current_epoch_error(current_leader_epoch: int) -> ErrorCode:
 
 
 @api(OFFSET_FOR_LEADER_EPOCH, 2, 4)
-async def offset_for_leader_epoch(request: Any, ctx: Any) -> Any:
+async def offset_for_leader_epoch(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     wanted: list[tuple[Any, Any, Any]] = []  # (topic name, topic or None, partition request)
     for t in request.topics:
@@ -192,7 +193,7 @@ def _topic_error(name: str, code: ErrorCode) -> dict[str, Any]:
 
 
 @api(DESCRIBE_TOPIC_PARTITIONS, 0, 0)
-async def describe_topic_partitions(request: Any, ctx: Any) -> Any:
+async def describe_topic_partitions(request: Any, ctx: HandlerContext) -> Any:
     """Kafka's DescribeTopicPartitionsRequestHandler: topics in name order, paginated."""
     agent = ctx.agent
     cls = response_class(request)

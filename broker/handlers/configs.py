@@ -17,11 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from broker.admin import topic_name_error
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from metadata import topics as topics_layer
@@ -431,7 +433,7 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
 # -- describing configs -------------------------------------------------------------------
 
 
-def topic_default(agent: Any, key: ConfigKey) -> tuple[str | None, list[dict[str, Any]]]:
+def topic_default(agent: AgentServices, key: ConfigKey) -> tuple[str | None, list[dict[str, Any]]]:
     """The value a topic gets when it sets nothing, and its synonym chain (Kafka's order)."""
     broker_value = agent.config.topic_defaults.get(key.name)
     if broker_value is not None and broker_value != key.default and key.broker_synonym:
@@ -449,7 +451,7 @@ def topic_default(agent: Any, key: ConfigKey) -> tuple[str | None, list[dict[str
 
 
 def topic_config_entries(
-    agent: Any,
+    agent: AgentServices,
     explicit: Mapping[str, str],
     *,
     names: Iterable[str] | None = None,
@@ -483,7 +485,7 @@ def topic_config_entries(
 
 
 def broker_config_entries(
-    agent: Any, *, include_synonyms: bool, include_documentation: bool
+    agent: AgentServices, *, include_synonyms: bool, include_documentation: bool
 ) -> list[dict[str, Any]]:
     """This agent's configs, all read-only: nothing about a broker changes at run time."""
     cfg = agent.config
@@ -574,7 +576,7 @@ def _broker_entry(
     }
 
 
-def _broker_id_error(agent: Any, name: str, *, describing: bool) -> str | None:
+def _broker_id_error(agent: AgentServices, name: str, *, describing: bool) -> str | None:
     try:
         node_id = int(name)
     except ValueError:
@@ -586,7 +588,7 @@ def _broker_id_error(agent: Any, name: str, *, describing: bool) -> str | None:
 
 
 @api(DESCRIBE_CONFIGS, 1, 4)
-async def describe_configs(request: Any, ctx: Any) -> Any:
+async def describe_configs(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     include_synonyms = bool(getattr(request, "include_synonyms", False))
     include_documentation = bool(getattr(request, "include_documentation", False))
@@ -651,7 +653,7 @@ def _resource_answer(
     }
 
 
-def _non_topic_answer(agent: Any, resource: Any, changed: list[str]) -> dict[str, Any] | None:
+def _non_topic_answer(agent: AgentServices, resource: Any, changed: list[str]) -> dict[str, Any] | None:
     """The answer for a resource that is not a topic we can alter (a broker, an unknown
     type, an illegal topic name), or None for a topic to go on with."""
     if resource.resource_type == BROKER:
@@ -698,7 +700,7 @@ def _precheck(resource: Any, duplicates: set[tuple[int, str]], *, incremental: b
     return None
 
 
-def _broker_change_error(agent: Any, resource: Any, changed: list[str]) -> str | None:
+def _broker_change_error(agent: AgentServices, resource: Any, changed: list[str]) -> str | None:
     if resource.resource_name != "":
         reason = _broker_id_error(agent, resource.resource_name, describing=False)
         if reason:
@@ -723,8 +725,20 @@ def _unknown_topic(name: str) -> MetadataError:
     )
 
 
+def _replacing(_current: dict[str, str], *, wanted: dict[str, str | None]) -> dict[str, str | None]:
+    """AlterConfigs: the wanted configs replace the topic's explicit ones."""
+    return dict(wanted)
+
+
+def _incremental(
+    current: dict[str, str], *, ops: list[Any], defaults: dict[str, str | None]
+) -> dict[str, str | None]:
+    """IncrementalAlterConfigs: the operations applied to the topic's explicit configs."""
+    return apply_incremental(current, ops, defaults)
+
+
 async def _alter_topic(
-    agent: Any,
+    agent: AgentServices,
     name: str,
     compute: Callable[[dict[str, str]], dict[str, str | None]],
     validate_only: bool,
@@ -748,7 +762,7 @@ async def _alter_topic(
 
 
 @api(ALTER_CONFIGS, 0, 2)
-async def alter_configs(request: Any, ctx: Any) -> Any:
+async def alter_configs(request: Any, ctx: HandlerContext) -> Any:
     """Legacy AlterConfigs: the given set replaces every explicit config of the resource."""
     agent = ctx.agent
     duplicates = _duplicate_resources(request.resources)
@@ -767,7 +781,7 @@ async def alter_configs(request: Any, ctx: Any) -> Any:
             await _alter_topic(
                 agent,
                 resource.resource_name,
-                lambda _current, wanted=wanted: dict(wanted),
+                partial(_replacing, wanted=wanted),
                 request.validate_only,
             )
         except MetadataError as exc:
@@ -808,7 +822,7 @@ def apply_incremental(
 
 
 @api(INCREMENTAL_ALTER_CONFIGS, 0, 1)
-async def incremental_alter_configs(request: Any, ctx: Any) -> Any:
+async def incremental_alter_configs(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     duplicates = _duplicate_resources(request.resources)
     answers = []
@@ -828,9 +842,7 @@ async def incremental_alter_configs(request: Any, ctx: Any) -> Any:
             await _alter_topic(
                 agent,
                 resource.resource_name,
-                lambda current, ops=ops, defaults=defaults: apply_incremental(
-                    current, ops, defaults
-                ),
+                partial(_incremental, ops=ops, defaults=defaults),
                 request.validate_only,
             )
         except MetadataError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -15,7 +16,7 @@ API_KEY = 42
 
 
 @api(API_KEY, 0, 2)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     results = []
     for group_id in dict.fromkeys(request.groups_names):
         error = await ctx.agent.groups.delete_group(group_id)

@@ -10,6 +10,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -20,7 +21,7 @@ GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
 
 @api(API_KEY, 0, 5)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     include_ops = getattr(request, "include_authorized_operations", False)
     described = []
     for group_id in request.groups:

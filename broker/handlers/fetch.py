@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 from kio.schema.errors import ErrorCode
 
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build, ms
 from broker.handlers import api, response_class
 from metadata import log as log_layer
@@ -102,7 +103,7 @@ class _Plan:
 # -- plan ---------------------------------------------------------------------------------
 
 
-async def _plan(request: Any, agent: Any, version: int) -> _Plan:
+async def _plan(request: Any, agent: AgentServices, version: int) -> _Plan:
     topics: list[tuple[Any, list[_Partition]]] = []
     for fetch_topic in request.topics:
         topic: topics_layer.Topic | None
@@ -130,7 +131,7 @@ async def _plan(request: Any, agent: Any, version: int) -> _Plan:
 
 
 def _read_states(
-    agent: Any, partitions: Sequence[_Partition], read_committed: bool, abort_marker_limit: int
+    agent: AgentServices, partitions: Sequence[_Partition], read_committed: bool, abort_marker_limit: int
 ) -> Any:
     """The metadata read: each partition's state, entries and aborted transactions; None
     when a partition has more than abort_marker_limit abort markers (0: no limit)."""
@@ -183,7 +184,7 @@ def _read_states(
 
 
 async def _read_metadata(
-    agent: Any, partitions: list[_Partition], read_committed: bool
+    agent: AgentServices, partitions: list[_Partition], read_committed: bool
 ) -> list[_State]:
     states: list[_State] | None = None
     if len(partitions) <= QUICK_READ_PARTITIONS:
@@ -196,7 +197,7 @@ async def _read_metadata(
     return states
 
 
-def _take_state(agent: Any, p: _Partition, read: _State) -> None:
+def _take_state(agent: AgentServices, p: _Partition, read: _State) -> None:
     """Keep what the metadata read found on the partition; ask for read-ahead if behind."""
     state, entries = read.state, read.entries
     if state is None:
@@ -228,7 +229,7 @@ def _take_state(agent: Any, p: _Partition, read: _State) -> None:
         )
 
 
-async def _read(agent: Any, partitions: list[_Partition], read_committed: bool) -> None:
+async def _read(agent: AgentServices, partitions: list[_Partition], read_committed: bool) -> None:
     """Read every partition's state and the bytes of its entries, onto the partition."""
     states = await _read_metadata(agent, partitions, read_committed)
     for p, read in zip(partitions, states, strict=True):
@@ -327,7 +328,7 @@ def _answer(request: Any, version: int, plan: _Plan, read_committed: bool) -> An
 
 
 @api(API_KEY, 4, 17)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     version = ctx.api_version
     if getattr(request, "session_id", 0) != 0 and getattr(request, "session_epoch", -1) > 0:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.groups.placement import GROUP, TRANSACTION
 from broker.handlers import api, response_class
@@ -20,7 +21,7 @@ from broker.handlers import api, response_class
 API_KEY = 10
 
 
-def _answer(agent: Any, key_type: int, key: str) -> dict[str, Any]:
+def _answer(agent: AgentServices, key_type: int, key: str) -> dict[str, Any]:
     if key_type not in (GROUP, TRANSACTION):
         return {
             "key": key,
@@ -42,7 +43,7 @@ def _answer(agent: Any, key_type: int, key: str) -> dict[str, Any]:
 
 
 @api(API_KEY, 0, 6)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     await agent.refresh_live_agents(max_age=0.0)
     key_type = int(getattr(request, "key_type", GROUP))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -11,7 +12,7 @@ API_KEY = 12
 
 
 @api(API_KEY, 0, 4)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     error = await ctx.agent.groups.heartbeat(
         request.group_id,
         request.generation_id,

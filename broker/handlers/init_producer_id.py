@@ -7,6 +7,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build, ms
 from broker.handlers import api, response_class
 from broker.transactions import init_transactional_producer
@@ -24,7 +25,7 @@ def _answer(request: Any, code: ErrorCode, producer_id: int = -1, epoch: int = -
 
 
 @api(API_KEY, 0, 5)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     if request.transactional_id is not None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.context import HandlerContext
 from broker.entities import build, ms
 from broker.groups.coordinator import JoinRequest
 from broker.handlers import api, response_class
@@ -23,7 +24,7 @@ def client_host(peer: str) -> str:
 
 
 @api(API_KEY, 0, 9)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     version = ctx.api_version
     session_ms = ms(request.session_timeout)
     rebalance_ms = ms(request.rebalance_timeout) if version >= 1 else session_ms

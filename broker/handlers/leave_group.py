@@ -10,6 +10,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -17,7 +18,7 @@ API_KEY = 13
 
 
 @api(API_KEY, 0, 5)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     if ctx.api_version < 3:
         members = [(request.member_id, None)]
     else:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -18,7 +19,7 @@ API_KEY = 16
 
 
 @api(API_KEY, 0, 5)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     states = {s.strip().lower() for s in getattr(request, "states_filter", ())}
     types = {t.strip().lower() for t in getattr(request, "types_filter", ())}
     groups = [

@@ -6,6 +6,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.offsets import offset_for_timestamp, offset_of_max_timestamp
@@ -26,7 +27,7 @@ MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATE
 
 
 async def _answer(
-    agent: Any, topic: Any, partition: int, timestamp: int, read_committed: bool, version: int
+    agent: AgentServices, topic: Any, partition: int, timestamp: int, read_committed: bool, version: int
 ) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "partition_index": partition,
@@ -75,7 +76,7 @@ async def _answer(
 
 
 @api(API_KEY, 1, 8)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     read_committed = getattr(request, "isolation_level", 0) == 1
     topics_out = []

@@ -8,6 +8,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.admin import create_topic, topic_name_error
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from metadata import topics as topics_layer
@@ -21,7 +22,7 @@ ALL_CLUSTER_OPERATIONS = 8096
 ZERO_UUID = uuid.UUID(int=0)
 
 
-def partition_entries(agent: Any, topic: topics_layer.Topic) -> list[dict[str, Any]]:
+def partition_entries(agent: AgentServices, topic: topics_layer.Topic) -> list[dict[str, Any]]:
     entries = []
     for p in range(topic.partitions):
         leader = agent.leader_for(topic.topic_id, p)
@@ -44,7 +45,7 @@ def partition_entries(agent: Any, topic: topics_layer.Topic) -> list[dict[str, A
 
 
 def topic_entry(
-    agent: Any, topic: topics_layer.Topic, operations: int = NO_AUTHORIZED_OPERATIONS
+    agent: AgentServices, topic: topics_layer.Topic, operations: int = NO_AUTHORIZED_OPERATIONS
 ) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.none,
@@ -56,7 +57,7 @@ def topic_entry(
     }
 
 
-def broker_entries(agent: Any) -> list[dict[str, Any]]:
+def broker_entries(agent: AgentServices) -> list[dict[str, Any]]:
     return [
         {"node_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
         for a in agent.live_agents()
@@ -77,7 +78,7 @@ def error_topic(
 
 
 @api(API_KEY, 0, 12)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     version = ctx.api_version
     await agent.refresh_live_agents(max_age=0.0)  # clients act on this answer: keep it current

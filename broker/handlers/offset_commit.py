@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.context import HandlerContext
 from broker.entities import build, ms
 from broker.groups.coordinator import PartitionCommit
 from broker.handlers import api, response_class
@@ -21,7 +22,7 @@ API_KEY = 8
 
 
 @api(API_KEY, 2, 9)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     retention = getattr(request, "retention_time", None)
     errors = await ctx.agent.groups.commit_offsets(
         request.group_id,

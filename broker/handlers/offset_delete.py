@@ -12,6 +12,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -19,7 +20,7 @@ API_KEY = 47
 
 
 @api(API_KEY, 0, 0)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     error, errors = await ctx.agent.groups.delete_offsets(
         request.group_id,
         [(t.name, p.partition_index) for t in request.topics for p in t.partitions],

@@ -14,6 +14,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -44,7 +45,7 @@ def _stability(topic: str, partition: int, unstable: set[tuple[str, int]]) -> Er
 
 
 async def _fetch_group(
-    agent: Any, group_id: str, topics: Any, *, require_stable: bool, error_on_partitions: bool
+    agent: AgentServices, group_id: str, topics: Any, *, require_stable: bool, error_on_partitions: bool
 ) -> dict[str, Any]:
     wanted = None if topics is None else {t.name: list(t.partition_indexes) for t in topics}
     error, offsets, unstable = await agent.groups.fetch_offsets(
@@ -92,7 +93,7 @@ async def _fetch_group(
 
 
 @api(API_KEY, 1, 9)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     if ctx.api_version >= 8:
         groups = [

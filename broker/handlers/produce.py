@@ -12,6 +12,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.sync import Promise
@@ -37,7 +38,7 @@ def _partition_answer(
 
 
 @api(API_KEY, 3, 11, advertised_min=0)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     answers: dict[tuple[str, int], dict[str, Any]] = {}
     order: list[tuple[str, int]] = []

@@ -10,6 +10,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.groups.classic import SyncResult
 from broker.groups.coordinator import SyncRequest
@@ -19,7 +20,7 @@ API_KEY = 14
 
 
 @api(API_KEY, 0, 5)
-async def handle(request: Any, ctx: Any) -> Any:
+async def handle(request: Any, ctx: HandlerContext) -> Any:
     protocol_type = getattr(request, "protocol_type", None)
     protocol_name = getattr(request, "protocol_name", None)
     if ctx.api_version >= 5 and (protocol_type is None or protocol_name is None):

@@ -17,6 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.admin import create_topic, topic_name_error
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.handlers.configs import topic_config_entries, validate_topic_configs
@@ -72,7 +73,7 @@ def _check_manual_assignment(
         )
 
 
-def _partition_count(agent: Any, wanted: Any, live_ids: set[int]) -> int:
+def _partition_count(agent: AgentServices, wanted: Any, live_ids: set[int]) -> int:
     """How many partitions a CreatableTopic asks for, checked like Kafka's createTopic."""
     assignments = list(getattr(wanted, "assignments", ()) or ())
     num_partitions, replication_factor = wanted.num_partitions, wanted.replication_factor
@@ -128,7 +129,7 @@ def _partition_count(agent: Any, wanted: Any, live_ids: set[int]) -> int:
 
 
 async def _create_one(
-    agent: Any, wanted: Any, live_ids: set[int], validate_only: bool
+    agent: AgentServices, wanted: Any, live_ids: set[int], validate_only: bool
 ) -> dict[str, Any]:
     name = wanted.name
     reason = topic_name_error(name)
@@ -182,7 +183,7 @@ def _create_error(name: str, code: ErrorCode, message: str | None) -> dict[str, 
 
 
 @api(CREATE_TOPICS, 2, 7)
-async def create_topics(request: Any, ctx: Any) -> Any:
+async def create_topics(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     validate_only = bool(getattr(request, "validate_only", False))
     live_ids = {a.node_id for a in await agent.refresh_live_agents(max_age=0.0)}
@@ -218,7 +219,7 @@ def _deleted(
     }
 
 
-async def _delete_by_name(agent: Any, name: str) -> dict[str, Any]:
+async def _delete_by_name(agent: AgentServices, name: str) -> dict[str, Any]:
     try:
         topic_id = await agent.kv.transact(
             lambda tr: topics_layer.delete_topic(tr, agent.sub, name)
@@ -230,7 +231,7 @@ async def _delete_by_name(agent: Any, name: str) -> dict[str, Any]:
     return _deleted(name, uuid.UUID(bytes=topic_id), ErrorCode.none, None)
 
 
-async def _delete_by_id(agent: Any, topic_id: uuid.UUID) -> dict[str, Any]:
+async def _delete_by_id(agent: AgentServices, topic_id: uuid.UUID) -> dict[str, Any]:
     def txn(tr: Any) -> str:
         topic = topics_layer.get_topic_by_id(tr, agent.sub, topic_id.bytes)
         if topic is None:
@@ -247,7 +248,7 @@ async def _delete_by_id(agent: Any, topic_id: uuid.UUID) -> dict[str, Any]:
 
 
 @api(DELETE_TOPICS, 1, 6)
-async def delete_topics(request: Any, ctx: Any) -> Any:
+async def delete_topics(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     # (name, None) or (None, id), in request order; v6 names topics either way.
     wanted: list[tuple[str | None, uuid.UUID | None]] = []
@@ -298,7 +299,7 @@ async def delete_topics(request: Any, ctx: Any) -> Any:
 # -- CreatePartitions ---------------------------------------------------------------------
 
 
-async def _add_partitions(agent: Any, wanted: Any, live_ids: set[int], validate_only: bool) -> None:
+async def _add_partitions(agent: AgentServices, wanted: Any, live_ids: set[int], validate_only: bool) -> None:
     name, count = wanted.name, wanted.count
     assignments = getattr(wanted, "assignments", None)
 
@@ -340,7 +341,7 @@ async def _add_partitions(agent: Any, wanted: Any, live_ids: set[int], validate_
 
 
 @api(CREATE_PARTITIONS, 0, 3)
-async def create_partitions(request: Any, ctx: Any) -> Any:
+async def create_partitions(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     validate_only = bool(getattr(request, "validate_only", False))
     live_ids = {a.node_id for a in await agent.refresh_live_agents(max_age=0.0)}

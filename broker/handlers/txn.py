@@ -9,11 +9,13 @@ also aborts the id's transactions that outlive their timeout.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from broker.agent import now_ms
+from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.transactions import end_transaction
@@ -30,7 +32,7 @@ LIST_TRANSACTIONS = 66
 
 
 @api(ADD_PARTITIONS_TO_TXN, 0, 3)
-async def add_partitions_to_txn(request: Any, ctx: Any) -> Any:
+async def add_partitions_to_txn(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     tid = request.v3_and_below_transactional_id
     producer_id = request.v3_and_below_producer_id
@@ -84,7 +86,7 @@ def _for_version(code: ErrorCode, version: int) -> ErrorCode:
 
 
 @api(ADD_OFFSETS_TO_TXN, 0, 3)
-async def add_offsets_to_txn(request: Any, ctx: Any) -> Any:
+async def add_offsets_to_txn(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     now = now_ms()
     try:
@@ -106,7 +108,7 @@ async def add_offsets_to_txn(request: Any, ctx: Any) -> Any:
 
 
 @api(END_TXN, 0, 3)
-async def end_txn(request: Any, ctx: Any) -> Any:
+async def end_txn(request: Any, ctx: HandlerContext) -> Any:
     try:
         await end_transaction(
             ctx.agent,
@@ -122,7 +124,7 @@ async def end_txn(request: Any, ctx: Any) -> Any:
 
 
 @api(TXN_OFFSET_COMMIT, 0, 3)
-async def txn_offset_commit(request: Any, ctx: Any) -> Any:
+async def txn_offset_commit(request: Any, ctx: HandlerContext) -> Any:
     """Offsets stay pending in the transaction until EndTxn makes them the group's."""
     agent = ctx.agent
     tid, group = request.transactional_id, request.group_id
@@ -181,13 +183,13 @@ async def txn_offset_commit(request: Any, ctx: Any) -> Any:
     )
 
 
-async def _partition_exists(agent: Any, name: str, partition: int) -> bool:
+async def _partition_exists(agent: AgentServices, name: str, partition: int) -> bool:
     topic = await agent.topic(name)
     return topic is not None and 0 <= partition < topic.partitions
 
 
 async def _topic_names(
-    agent: Any, partitions: tuple[tuple[bytes, int], ...]
+    agent: AgentServices, partitions: tuple[tuple[bytes, int], ...]
 ) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for topic_id, p in partitions:
@@ -198,11 +200,11 @@ async def _topic_names(
 
 
 @api(DESCRIBE_TRANSACTIONS, 0, 0)
-async def describe_transactions(request: Any, ctx: Any) -> Any:
+async def describe_transactions(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     states = []
     for tid in request.transactional_ids:
-        txn = await agent.kv.read(lambda tr, tid=tid: txns.get_txn(tr, agent.sub, tid))
+        txn = await agent.kv.read(partial(txns.get_txn, sub=agent.sub, transactional_id=tid))
         if txn is None:
             states.append(
                 {
@@ -234,7 +236,7 @@ async def describe_transactions(request: Any, ctx: Any) -> Any:
 
 
 @api(LIST_TRANSACTIONS, 0, 1)
-async def list_transactions(request: Any, ctx: Any) -> Any:
+async def list_transactions(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     known = {s.value for s in txns.TxnState}
     state_filters = list(request.state_filters)
@@ -269,7 +271,7 @@ async def list_transactions(request: Any, ctx: Any) -> Any:
 
 
 @api(DESCRIBE_PRODUCERS, 0, 0)
-async def describe_producers(request: Any, ctx: Any) -> Any:
+async def describe_producers(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     out = []
     for t in request.topics:
@@ -286,7 +288,7 @@ async def describe_producers(request: Any, ctx: Any) -> Any:
                 )
                 continue
             active = await agent.kv.read(
-                lambda tr, topic=topic, p=p: _active_producers(tr, agent.sub, topic, p)
+                partial(_active_producers, sub=agent.sub, topic=topic, partition=p)
             )
             parts.append(
                 {"partition_index": p, "error_code": ErrorCode.none, "active_producers": active}
