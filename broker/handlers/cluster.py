@@ -15,9 +15,14 @@ from kio.schema.errors import ErrorCode
 
 from broker.admin import topic_name_error
 from broker.context import HandlerContext
+from broker.describe import (
+    NO_AUTHORIZED_OPERATIONS,
+    ZERO_UUID,
+    broker_entries,
+    partition_entries,
+)
 from broker.entities import build
 from broker.handlers import api, response_class
-from broker.handlers.metadata import broker_entries, partition_entries
 from metadata import log as log_layer
 from metadata import topics as topics_layer
 
@@ -25,7 +30,6 @@ DESCRIBE_CLUSTER = 60
 OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_TOPIC_PARTITIONS = 75
 
-ZERO_UUID = uuid.UUID(int=0)
 LEADER_EPOCH = 0
 UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1
@@ -37,7 +41,6 @@ MAX_PARTITION_LIMIT = 2000  # Kafka's max.request.partition.size.limit
 # CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12.
 CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
-NO_AUTHORIZED_OPERATIONS = -(2**31)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
 

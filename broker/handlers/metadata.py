@@ -9,39 +9,21 @@ from kio.schema.errors import ErrorCode
 
 from broker.admin import create_topic, topic_name_error
 from broker.context import AgentServices, HandlerContext
+from broker.describe import (
+    NO_AUTHORIZED_OPERATIONS,
+    ZERO_UUID,
+    broker_entries,
+    partition_entries,
+)
 from broker.entities import build
 from broker.handlers import api, response_class
 from metadata import topics as topics_layer
 from metadata.errors import MetadataError
 
 API_KEY = 3
-NO_AUTHORIZED_OPERATIONS = -(2**31)
 # With no authorizer every operation is allowed: Kafka then reports these bit sets.
 ALL_TOPIC_OPERATIONS = 3576
 ALL_CLUSTER_OPERATIONS = 8096
-ZERO_UUID = uuid.UUID(int=0)
-
-
-def partition_entries(agent: AgentServices, topic: topics_layer.Topic) -> list[dict[str, Any]]:
-    entries = []
-    for p in range(topic.partitions):
-        leader = agent.leader_for(topic.topic_id, p)
-        entries.append(
-            {
-                "error_code": ErrorCode.none,
-                "partition_index": p,
-                "leader_id": leader,
-                "leader_epoch": 0,
-                "replica_nodes": [leader],
-                "isr_nodes": [leader],
-                "offline_replicas": [],
-                # Kafka answers empty lists here, never null: the Java AdminClient (3.8+)
-                # streams them in describeTopics and fails on null.
-                "eligible_leader_replicas": [],
-                "last_known_elr": [],
-            }
-        )
-    return entries
 
 
 def topic_entry(
@@ -55,13 +37,6 @@ def topic_entry(
         "partitions": partition_entries(agent, topic),
         "topic_authorized_operations": operations,
     }
-
-
-def broker_entries(agent: AgentServices) -> list[dict[str, Any]]:
-    return [
-        {"node_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
-        for a in agent.live_agents()
-    ]
 
 
 def error_topic(

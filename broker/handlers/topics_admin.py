@@ -18,9 +18,10 @@ from kio.schema.errors import ErrorCode
 
 from broker.admin import create_topic, topic_name_error
 from broker.context import AgentServices, HandlerContext
+from broker.describe import ZERO_UUID
 from broker.entities import build
 from broker.handlers import api, response_class
-from broker.handlers.configs import topic_config_entries, validate_topic_configs
+from broker.topic_configs import topic_config_entries, validate_topic_configs
 from metadata import topics as topics_layer
 from metadata.errors import MetadataError
 
@@ -28,7 +29,6 @@ CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 CREATE_PARTITIONS = 37
 
-ZERO_UUID = uuid.UUID(int=0)
 DEFAULT_REPLICATION_FACTOR = 1
 REPORTED_REPLICATION_FACTOR = 1  # one replica per partition: its leader
 CLUSTER_METADATA_TOPIC = "__cluster_metadata"
@@ -299,7 +299,9 @@ async def delete_topics(request: Any, ctx: HandlerContext) -> Any:
 # -- CreatePartitions ---------------------------------------------------------------------
 
 
-async def _add_partitions(agent: AgentServices, wanted: Any, live_ids: set[int], validate_only: bool) -> None:
+async def _add_partitions(
+    agent: AgentServices, wanted: Any, live_ids: set[int], validate_only: bool
+) -> None:
     name, count = wanted.name, wanted.count
     assignments = getattr(wanted, "assignments", None)
 
