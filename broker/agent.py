@@ -22,7 +22,8 @@ from broker.ingest import IngestPipeline
 from broker.memory import RequestMemory
 from broker.readahead import ReadAhead
 from broker.sync import Notifier
-from metadata import cluster, keys, log, topics
+from metadata import cluster, keys, topics
+from metadata import log as log_layer
 from metadata.chunk_cache import ChunkCache
 from metadata.cluster import Agent as AgentInfo
 from metadata.kv import KV, open_kv
@@ -137,7 +138,7 @@ class Agent:
                 continue
 
             def read(tr, waited=waited):  # type: ignore[no-untyped-def]
-                return [log.get_partition(tr, self.sub, tid, p) for tid, p in waited]
+                return [log_layer.get_partition(tr, self.sub, tid, p) for tid, p in waited]
 
             try:
                 states = await self.kv.read(read)

@@ -45,7 +45,7 @@ from protocol.codec import (
 )
 from protocol.framing import ProtocolError, ServerConnection
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 READ_SIZE = 256 * 1024
@@ -235,7 +235,7 @@ class _Connection:
         except GONE as exc:  # closing a stream the client reset
             self.went_away(exc)
         except Exception:
-            log.exception("connection from %s failed", self.peer)
+            logger.exception("connection from %s failed", self.peer)
         finally:
             self.memory.release(self.held)
 

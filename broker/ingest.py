@@ -36,7 +36,7 @@ from storage.cache import ObjectCache
 from storage.ingest import encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -162,9 +162,9 @@ class IngestPipeline:
                 )
             except Exception as exc:  # nothing of it is acked
                 if flush is None:
-                    log.exception("flush of %d batches failed", len(items))
+                    logger.exception("flush of %d batches failed", len(items))
                 else:
-                    log.warning("upload of %d batches failed: %s", len(items), exc)
+                    logger.warning("upload of %d batches failed: %s", len(items), exc)
                     self.stats.failed_flushes += 1
                     self._cache.discard(flush.key)
                 self._hand_over(seq, None)
@@ -220,7 +220,7 @@ class IngestPipeline:
             committed = await self._kv.transact(txn)
             self.stats.commits += 1
         except Exception as exc:  # the metadata store failed: nothing of it is acked
-            log.warning("commit of %d flushes failed: %s", len(group), exc)
+            logger.warning("commit of %d flushes failed: %s", len(group), exc)
             self.stats.failed_flushes += len(group)
             committed = [
                 [AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending) for f in group

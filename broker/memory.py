@@ -35,7 +35,7 @@ from collections import deque
 
 import anyio
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # mallopt parameters, from glibc's malloc.h.
 M_TRIM_THRESHOLD = -1
@@ -70,7 +70,7 @@ def tune_allocator() -> list[str]:
         if mallopt(param, value) == 1:
             applied.append(env.rstrip("_").lower())
         else:
-            log.warning("glibc refused mallopt(%d, %d)", param, value)
+            logger.warning("glibc refused mallopt(%d, %d)", param, value)
     return applied
 
 

@@ -20,7 +20,7 @@ from broker.config import BrokerConfig
 from broker.connection import handle_connection
 from broker.handlers import load_all
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
@@ -37,7 +37,7 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
             raise SystemExit(
                 f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
             ) from None
-        log.info(
+        logger.info(
             "bucketlog agent %d listening on %s:%d (cluster %s, metadata %s, storage %s)",
             agent.node_id,
             config.host,
@@ -67,13 +67,13 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
             try:
                 await agent.deregister()
             except Exception:
-                log.exception("deregistration failed")
+                logger.exception("deregistration failed")
             await agent.aclose()
 
 
 async def _stop_on_signals(scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            log.info("received signal %d, stopping", signum)
+            logger.info("received signal %d, stopping", signum)
             scope.cancel()
             return

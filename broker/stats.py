@@ -18,7 +18,7 @@ import anyio
 
 from broker.context import AgentServices
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 INTERVAL_SECONDS = 1.0
 
@@ -65,6 +65,6 @@ async def stats_loop(agent: AgentServices, path: str, interval: float = INTERVAL
                 last = counters
             except OSError as exc:  # a full or read-only disk must not stop the agent
                 if not warned:
-                    log.warning("cannot write %s: %s", path, exc)
+                    logger.warning("cannot write %s: %s", path, exc)
                     warned = True
         await anyio.sleep(interval)

@@ -18,7 +18,8 @@ from kio.schema.errors import ErrorCode
 
 from broker.agent import now_ms
 from broker.context import AgentServices
-from metadata import cluster, groups, log, producers, txns
+from metadata import cluster, groups, producers, txns
+from metadata import log as log_layer
 from metadata.errors import MetadataError
 from protocol.records import build_batch, end_txn_marker
 from storage.ingest import encode_ingest_file, new_object_key
@@ -81,7 +82,7 @@ async def _write_markers(
     )
     partitions = list(txn.partitions)
     object_key = ""
-    pending: list[log.PendingBatch] = []
+    pending: list[log_layer.PendingBatch] = []
     size = 0
     if partitions:
         data, locations = encode_ingest_file([(tid, p, [marker]) for tid, p in partitions])
@@ -91,7 +92,7 @@ async def _write_markers(
         size = len(data)
         for (tid, p), location in zip(partitions, locations, strict=True):
             pending.append(
-                log.PendingBatch(
+                log_layer.PendingBatch(
                     topic_id=tid,
                     partition=p,
                     start=location.start,
@@ -102,7 +103,7 @@ async def _write_markers(
                     producer_epoch=txn.epoch,
                     base_sequence=-1,
                     transactional=True,
-                    control=log.COMMIT_MARKER if commit else log.ABORT_MARKER,
+                    control=log_layer.COMMIT_MARKER if commit else log_layer.ABORT_MARKER,
                 )
             )
 
@@ -111,7 +112,7 @@ async def _write_markers(
         if current != txn:
             raise _Changed()
         if pending:
-            log.commit_ingest(tr, agent.sub, object_key, size, now, pending)
+            log_layer.commit_ingest(tr, agent.sub, object_key, size, now, pending)
         txns.settle_offsets(tr, agent.sub, txn, commit, now, _to_group_offset(agent))
         epoch = txn.epoch
         if bump_epoch:
