@@ -7,8 +7,13 @@ the one before it has ended its turn (`broker.sync.Turn`), which a request does 
 answer is ready or when it parks after taking effect (a Produce once its batches are
 queued for a flush, a Fetch once it waits for data). So a Produce waiting for its flush
 never holds back the next request, while an EndTxn never overtakes the AddPartitionsToTxn
-sent before it. At most `MAX_IN_FLIGHT` requests per connection are pending; past that,
+sent before it. A JoinGroup or SyncGroup holds its turn until it is answered, as a Kafka
+connection does. At most `MAX_IN_FLIGHT` requests per connection are pending; past that,
 reading pauses.
+
+Every frame holds its size of the agent's request memory (`broker.memory.RequestMemory`)
+from the moment its size prefix arrives until its request is answered; while the memory
+is used up, the connection does not read.
 
 A malformed frame or request closes the connection, an unsupported version too (but for
 ApiVersions, which is answered), and a client may go away at any time: each is an
