@@ -53,6 +53,33 @@ def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | Non
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name, or None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces: split after its last one.
+    return stat.rsplit(")", 1)[1].split()
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def child_pids(parent: int) -> list[int]:
+    """The live children of `parent`, from /proc."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _proc_stat(int(entry))
+            if fields is not None and fields[0] != "Z" and int(fields[1]) == parent:
+                children.append(int(entry))
+    return children
+
+
 @dataclass(frozen=True)
 class StoreChoice:
     """The stores of every broker the tests start (set by tests/conftest.py's options).
@@ -156,6 +183,22 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def agent_pids(self) -> dict[int, int]:
+        """Port -> pid of each running agent process of a broker started with agents > 1."""
+        assert self.proc is not None
+        pids = {}
+        for pid in child_pids(self.proc.pid):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            # An agent's command line ends with its own --agents 1 --port P; a child that has
+            # not yet exec'd still shows the supervisor's.
+            last = {name: argv[i + 1] for i, name in enumerate(argv[:-1]) if name.startswith("--")}
+            if last.get("--agents") == "1" and "--port" in last:
+                pids[int(last["--port"])] = pid
+        return pids
 
     def kill9(self) -> None:
         """Kill the broker (and its agent children) without any chance to clean up."""
