@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,6 +17,7 @@ from dataclasses import replace
 import anyio
 
 from broker.config import BrokerConfig
+from broker.supervisor import DEFAULT_STOP_GRACE_S, OnAgentExit, supervise
 
 ENV_PREFIX = "BUCKETLOG_"
 
@@ -42,6 +41,14 @@ def _positive(value: str) -> int:
     return number
 
 
+def _on_agent_exit(value: str) -> OnAgentExit:
+    try:
+        return OnAgentExit(value.lower())
+    except ValueError:
+        choices = " or ".join(OnAgentExit)
+        raise argparse.ArgumentTypeError(f"expected {choices}, got {value!r}") from None
+
+
 # (option, type, default, help): the single list the parser and the environment share.
 SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("host", str, "127.0.0.1", "address to listen on"),
@@ -49,6 +56,19 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("advertised-host", str, None, "host name given to clients (default: --host)"),
     ("data-dir", str, "./bucketlog-data", "folder for the embedded default stores"),
     ("agents", int, 1, "number of agent processes (ports PORT..PORT+N-1)"),
+    (
+        "on-agent-exit",
+        _on_agent_exit,
+        OnAgentExit.RESTART,
+        "with --agents N > 1, when an agent exits: restart it on its port (with back-off), "
+        "or stop every agent and exit",
+    ),
+    (
+        "agent-stop-grace-ms",
+        int,
+        int(DEFAULT_STOP_GRACE_S * 1000),
+        "with --agents N > 1, on SIGTERM: how long the agents get to stop before SIGKILL",
+    ),
     ("metadata", str, None, "metadata store URL (default sqlite:///<data-dir>/metadata.db)"),
     (
         "storage",
@@ -167,35 +187,14 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     )
 
 
-def _run_many(config: BrokerConfig, agents: int, argv: Sequence[str]) -> int:
-    """Start one child process per agent; stop them all when one stops or on a signal."""
-    children = []
-    base = [a for a in argv]
-    for i in range(agents):
-        child_argv = [
-            sys.executable,
-            "-m",
-            "broker.cli",
-            *base,
-            "--agents",
-            "1",
-            "--port",
-            str(config.port + i),
-        ]
-        children.append(subprocess.Popen(child_argv))
-
-    def stop(signum: int, _frame: object) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    code = 0
-    for child in children:
-        code = child.wait() or code
-        stop(signal.SIGTERM, None)
-    return code
+def _run_many(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """One agent process per port PORT..PORT+N-1, each started as `bucketlog serve` with
+    the same arguments and its own port; broker.supervisor keeps them running."""
+    commands = {
+        port: [sys.executable, "-m", "broker.cli", *argv, "--agents", "1", "--port", str(port)]
+        for port in range(args.port, args.port + args.agents)
+    }
+    return supervise(commands, on_exit=args.on_agent_exit, grace_s=args.agent_stop_grace_ms / 1000)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(config.data_dir, exist_ok=True)
     config = replace(config, data_dir=os.path.abspath(config.data_dir))
     if args.agents > 1:
-        return _run_many(config, args.agents, argv)
+        return _run_many(args, argv)
     from broker.memory import tune_allocator
     from broker.server import run_agent
 
