@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -25,6 +26,14 @@ logger = logging.getLogger(__name__)
 
 async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
     """Serve one agent until cancelled (or SIGTERM/SIGINT)."""
+    # Signals are received until the agent has deregistered and closed: a Ctrl-C or a
+    # systemd stop reaches the agent and its supervisor, which forwards SIGTERM, and that
+    # second signal would otherwise meet the default action and kill it halfway.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        await _serve(config, signals, ready)
+
+
+async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) -> None:
     load_all()
     agent = Agent.open(config)
     try:
@@ -54,7 +63,7 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
             tg.start_soon(agent.transaction_timeout_loop)
             tg.start_soon(agent.groups.run)
             tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
-            tg.start_soon(_stop_on_signals, tg.cancel_scope)
+            tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 
             async def serve_client(stream: anyio.abc.SocketStream) -> None:
                 await handle_connection(agent, stream)
@@ -71,9 +80,8 @@ async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
             await agent.aclose()
 
 
-async def _stop_on_signals(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            logger.info("received signal %d, stopping", signum)
-            scope.cancel()
-            return
+async def _stop_on_signals(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
+    async for signum in signals:
+        logger.info("received signal %d, stopping", signum)
+        scope.cancel()
+        return

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from tests.e2e.rawclient import ensure_topic, produce_raw
-from tests.support.brokerproc import BrokerProcess, pid_alive, wait_for_port
+from tests.support.brokerproc import BrokerProcess, free_ports, pid_alive, wait_for_port
 
 T = TypeVar("T")
 
@@ -157,3 +158,25 @@ def test_sigterm_stops_every_agent_within_the_grace(start_broker):
     finally:
         if pid_alive(stuck):
             os.kill(stuck, signal.SIGKILL)
+
+
+def test_an_agent_deregisters_when_sigterm_comes_again_while_it_stops(start_broker, tmp_path):
+    # A terminal's Ctrl-C (or systemd's SIGTERM) reaches the supervisor and every agent,
+    # and the supervisor forwards SIGTERM: an agent may get it again while it stops.
+    # Two single agents on the same stores: one watches the other leave.
+    data_dir = tmp_path / "shared"
+    watcher = start_broker(data_dir=data_dir)
+    leaving = start_broker(data_dir=data_dir, port=free_ports(1)[0])
+    admin = AdminClient({"bootstrap.servers": watcher.bootstrap})
+    ports = {b.port for b in admin.list_topics(timeout=10).brokers.values()}
+    assert ports == {watcher.port, leaving.port}
+
+    deadline = time.monotonic() + 10
+    while leaving.proc.poll() is None and time.monotonic() < deadline:
+        leaving.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.002)
+    # Killed by a later SIGTERM once its clean-up is over, or exited by itself.
+    assert leaving.proc.wait(5) in (0, -signal.SIGTERM)
+    # Deregistered: gone at once, not when its lease runs out (10 s).
+    ports = {b.port for b in admin.list_topics(timeout=10).brokers.values()}
+    assert ports == {watcher.port}
