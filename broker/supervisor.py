@@ -16,7 +16,10 @@ Rules:
   in its first minute, then twice a minute: it cannot keep a core busy.
 - SIGTERM or SIGINT to the supervisor: pending restarts are dropped, every agent gets
   SIGTERM and up to the grace (default 10 s) to exit, then SIGKILL. Exit status 0 means
-  it was told to stop and every agent exited with 0 within the grace; 1 otherwise.
+  it was told to stop and every agent stopped cleanly within the grace; 1 otherwise.
+  Dying of SIGTERM or SIGINT counts as clean, as systemd counts it: an agent receives
+  both from before it serves until it has deregistered, so it only dies of one while it
+  is still starting or once its clean-up is over.
 
 The decisions are pure functions (`restart_delay`, `exit_status`); `supervise` is the
 shell around them: one loop that sleeps in select() on a pipe that SIGCHLD, SIGTERM and
@@ -73,9 +76,13 @@ def restart_delay(
     return min(previous_delay_s * 2, backoff.cap_s)
 
 
+def stopped_cleanly(returncode: int) -> bool:
+    return returncode == 0 or -returncode in STOP_SIGNALS
+
+
 def exit_status(told_to_stop: bool, agent_returncodes: Iterable[int]) -> int:
     """The supervisor's exit status: 0 for a clean stop, 1 otherwise."""
-    return 0 if told_to_stop and all(code == 0 for code in agent_returncodes) else 1
+    return 0 if told_to_stop and all(map(stopped_cleanly, agent_returncodes)) else 1
 
 
 def describe_exit(returncode: int) -> str:
@@ -227,7 +234,7 @@ def _stop(agents: list[_Agent], grace_s: float, wakeups: _Wakeups) -> list[int]:
             )
             proc.kill()
             proc.wait()
-        elif proc.returncode != 0:
+        elif not stopped_cleanly(proc.returncode):
             log.warning(
                 "%s %s while stopping", agent.where(proc.pid), describe_exit(proc.returncode)
             )

@@ -12,6 +12,7 @@ from broker.supervisor import (
     describe_exit,
     exit_status,
     restart_delay,
+    stopped_cleanly,
 )
 
 RESTART, STOP = OnAgentExit.RESTART, OnAgentExit.STOP
@@ -49,13 +50,23 @@ def test_an_agent_that_dies_at_once_is_started_at_most_twice_a_minute_in_the_end
     [
         (True, [0, 0, 0], 0),
         (True, [], 0),  # every agent had already exited, waiting for its restart
+        (True, [0, -15, -2], 0),  # died of SIGTERM or SIGINT: still starting, or cleaned up
         (True, [0, -9, 0], 1),  # one needed SIGKILL after the grace
         (True, [0, 1], 1),
+        (True, [-11], 1),
         (False, [0, 0], 1),  # an agent's exit stopped them all (--on-agent-exit stop)
     ],
 )
 def test_exit_status(told_to_stop, returncodes, status):
     assert exit_status(told_to_stop, returncodes) == status
+
+
+@pytest.mark.parametrize(
+    ("returncode", "clean"),
+    [(0, True), (-15, True), (-2, True), (-9, False), (1, False), (-11, False)],
+)
+def test_stopped_cleanly(returncode, clean):
+    assert stopped_cleanly(returncode) is clean
 
 
 @pytest.mark.parametrize(
