@@ -2,8 +2,13 @@
 
 Rules:
 
-- This is the only module that imports ``kio.serial``: kio's reader API has
+- This is the only module that imports kio's reader and writer (``kio.serial``;
+  ``protocol.bounds`` reads its field introspection): kio's reader API has
   changed between releases, so it is wrapped here and nowhere else.
+- Every body is checked by ``protocol.bounds`` before kio's reader sees it: kio
+  reserves memory for any array length the remote announces, and reads a null
+  array as None where the schema allows none. Both are a ``MalformedRequest``
+  (``MalformedResponse``, or ``ValueError`` from ``decode_entity``).
 - ``decode_request`` takes one frame (no size prefix) and returns the header
   and the kio request entity. Unknown API keys/versions raise
   ``UnsupportedVersion`` with the correlation id; bytes that do not parse raise
@@ -20,7 +25,7 @@ Rules:
   ones (records) not copied at all, for a writer that sends them in order.
 - kio readers and writers are built once per entity class and cached. Produce
   requests for a few partitions are read by ``protocol.produce`` instead, which
-  leaves their records as views of the frame.
+  leaves their records as views of the frame and checks lengths and nulls itself.
 - The client-side pair ``encode_request`` / ``decode_response`` serves tests
   and tools.
 """
@@ -36,7 +41,7 @@ from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 from kio.static.protocol import Entity, RequestPayload, ResponsePayload
 
-from . import produce
+from . import bounds, produce
 from .errors import (
     LocalProtocolError,
     MalformedRequest,
@@ -208,6 +213,7 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
             except produce.ManyPartitions:
                 pass
         if body is None:
+            bounds.check(schema, data, offset)
             body, _consumed = _reader(schema)(data, offset)
     except Exception as error:
         # Whatever kio's reader or protocol.produce raises here is about the bytes given.
@@ -303,6 +309,7 @@ def decode_response(
         data, response_header_version(api_key, api_version)
     )
     try:
+        bounds.check(schema, data, offset)
         body, consumed = _reader(schema)(data, offset)
         if api_key == API_VERSIONS_KEY and offset + consumed != len(data):
             raise MalformedResponse(f"{len(data) - offset - consumed} bytes left over")
@@ -310,6 +317,7 @@ def decode_response(
         fallback = response_schema(API_VERSIONS_KEY, 0)
         if api_key == API_VERSIONS_KEY and api_version != 0 and fallback is not None:
             try:
+                bounds.check(fallback, data, offset)
                 body, consumed = _reader(fallback)(data, offset)
             except Exception:
                 pass
@@ -335,8 +343,10 @@ def decode_entity(entity_type: type[E], data: bytes | bytearray | memoryview) ->
 
     :raises ValueError: the bytes do not parse.
     """
+    view = _read_only(data)
     try:
-        entity, _consumed = _reader(entity_type)(_read_only(data), 0)
+        bounds.check(entity_type, view, 0)
+        entity, _consumed = _reader(entity_type)(view, 0)
     except Exception as error:
         raise ValueError(f"{entity_type.__name__} does not parse: {error}") from error
     return cast(E, entity)

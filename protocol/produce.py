@@ -3,9 +3,11 @@
 A Produce request is almost all records. kio's reader copies each partition's records out
 of the frame into a new bytes object; here they are views of the frame instead, and the
 rest (a few names and numbers) becomes the same kio entities kio's reader would build,
-with the same values: plain ints and strings, the timeout as a timedelta, a null array as
+with the same values: plain ints and strings, the timeout as a timedelta, null records as
 None. What does not parse raises (struct.error, ValueError, UnicodeDecodeError), as
-kio's reader does, and the caller reports it as a malformed request.
+kio's reader behind ``protocol.bounds`` does, and the caller reports it as a malformed
+request: that includes a null array of topics or partitions, which Kafka's schema does
+not allow. No length read here sizes anything before the bytes it announces are there.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def decode_produce_body(data: bytes | memoryview, offset: int, version: int) -> 
             return value - 1, position
         return _I32.unpack_from(data, position)[0], position + 4
 
-    def string(position: int, nullable: bool) -> tuple[str | None, int]:
+    def string(position: int, where: str, nullable: bool) -> tuple[str | None, int]:
         if flexible:
             n, position = length(position)
         else:
@@ -70,7 +72,7 @@ def decode_produce_body(data: bytes | memoryview, offset: int, version: int) -> 
         if n < 0:
             if n == -1 and nullable:
                 return None, position
-            raise ValueError("a string where null is not allowed, or a negative length")
+            raise _null_or_negative(where, n)
         end = position + n
         if end > size:
             raise ValueError("a string past the end of the request")
@@ -88,54 +90,55 @@ def decode_produce_body(data: bytes | memoryview, offset: int, version: int) -> 
             raise ValueError("tagged fields past the end of the request")
         return position
 
-    transactional_id, offset = string(offset, True)
+    transactional_id, offset = string(offset, "ProduceRequest.transactional_id", True)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(data, offset)
     offset += 6
     topic_count, offset = length(offset)
-    topics: tuple[Any, ...] | None = None
     if topic_count > MAX_PARTITIONS:
         raise ManyPartitions
-    if topic_count >= 0:
-        topic_list = []
-        total = 0
-        for _ in range(topic_count):
-            name, offset = string(offset, False)
-            partition_count, offset = length(offset)
-            total += max(partition_count, 0)
-            if total > MAX_PARTITIONS:
-                raise ManyPartitions
-            partitions: tuple[Any, ...] | None = None
-            if partition_count >= 0:
-                partition_list = []
-                for _ in range(partition_count):
-                    index = _I32.unpack_from(data, offset)[0]
-                    n, offset = length(offset + 4)
-                    records: memoryview | None = None
-                    if n >= 0:
-                        end = offset + n
-                        if end > size:
-                            raise ValueError("records past the end of the request")
-                        records = view[offset:end]
-                        offset = end
-                    elif n != -1:
-                        raise ValueError(f"a records length of {n}")
-                    offset = tags(offset)
-                    partition_list.append(partition_cls(index=index, records=records))
-                partitions = tuple(partition_list)
-            elif partition_count != -1:
-                raise ValueError(f"an array length of {partition_count}")
+    if topic_count < 0:
+        raise _null_or_negative("ProduceRequest.topic_data", topic_count)
+    topics = []
+    total = 0
+    for _ in range(topic_count):
+        name, offset = string(offset, "TopicProduceData.name", False)
+        partition_count, offset = length(offset)
+        total += max(partition_count, 0)
+        if total > MAX_PARTITIONS:
+            raise ManyPartitions
+        if partition_count < 0:
+            raise _null_or_negative("TopicProduceData.partition_data", partition_count)
+        partitions = []
+        for _ in range(partition_count):
+            index = _I32.unpack_from(data, offset)[0]
+            n, offset = length(offset + 4)
+            records: memoryview | None = None
+            if n >= 0:
+                end = offset + n
+                if end > size:
+                    raise ValueError("records past the end of the request")
+                records = view[offset:end]
+                offset = end
+            elif n != -1:
+                raise ValueError(f"a records length of {n}")
             offset = tags(offset)
-            topic_list.append(topic_cls(name=name, partition_data=partitions))
-        topics = tuple(topic_list)
-    elif topic_count != -1:
-        raise ValueError(f"an array length of {topic_count}")
+            partitions.append(partition_cls(index=index, records=records))
+        offset = tags(offset)
+        topics.append(topic_cls(name=name, partition_data=tuple(partitions)))
     tags(offset)
     return request_cls(
         transactional_id=transactional_id,
         acks=acks,
         timeout=datetime.timedelta(milliseconds=timeout_ms),
-        topic_data=topics,
+        topic_data=tuple(topics),
     )
+
+
+def _null_or_negative(where: str, length: int) -> ValueError:
+    if length == -1:
+        # Apache Kafka's generated readers say it in these words.
+        return ValueError(f"non-nullable field {where} was serialized as null")
+    return ValueError(f"{where} has a negative length ({length})")
 
 
 def _uvarint(data: bytes | memoryview, position: int) -> tuple[int, int]:

@@ -9,17 +9,18 @@ from typing import Any
 
 import pytest
 
-from protocol import produce
+from protocol import bounds, produce
 from protocol.codec import _reader, decode_request, encode_request, request_schema
 from protocol.errors import MalformedRequest
 from protocol.headers import parse_request_header
 
 
 def kio_decode(frame: bytes) -> Any:
-    """What kio's own reader makes of the request body."""
+    """What kio's own reader makes of the request body, behind protocol.bounds."""
     header, offset = parse_request_header(frame)
     schema = request_schema(header.api_key, header.api_version)
     try:
+        bounds.check(schema, frame, offset)
         body, _consumed = _reader(schema)(frame, offset)
     except Exception as error:
         raise MalformedRequest(str(error)) from error
@@ -90,7 +91,7 @@ def test_damaged_requests_fail_or_parse_as_kio_says(version: int) -> None:
             assert decode_request(data).body == expected
 
 
-def test_null_arrays_and_records_read_as_none() -> None:
+def test_null_records_read_as_none_and_null_arrays_are_malformed() -> None:
     request_cls, topic_cls, partition_cls = produce._classes(9)
     request = request_cls(
         transactional_id=None,
@@ -100,8 +101,16 @@ def test_null_arrays_and_records_read_as_none() -> None:
     )
     body = decode_request(frame_of(request)).body
     assert body.topic_data[0].partition_data[0].records is None
-    # A null topic array: kio reads it as None, and so does this reader.
+    # Null topic and partition arrays: Kafka's schema allows neither.
     header = frame_of(request)[: parse_request_header(frame_of(request))[1]]
-    null_topics = header + b"\x00" + b"\xff\xff\x00\x00\x03\xe8" + b"\x00" + b"\x00"
-    assert decode_request(null_topics).body.topic_data is None
-    assert kio_decode(null_topics).topic_data is None
+    start = header + b"\x00" + b"\xff\xff\x00\x00\x03\xe8"
+    null_topics = start + b"\x00" + b"\x00"
+    null_partitions = start + b"\x02" + b"\x02t" + b"\x00" + b"\x00" + b"\x00"
+    for frame, field in [
+        (null_topics, "ProduceRequest.topic_data"),
+        (null_partitions, "TopicProduceData.partition_data"),
+    ]:
+        with pytest.raises(MalformedRequest, match=f"non-nullable field {field} "):
+            decode_request(frame)
+        with pytest.raises(MalformedRequest, match=f"non-nullable field {field} "):
+            kio_decode(frame)
