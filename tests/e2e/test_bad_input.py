@@ -380,6 +380,72 @@ def test_unsupported_metadata_version_closes_the_connection(main, version):
     assert_healthy(main)
 
 
+# (case, frame, what the broker logs when it refuses the request)
+MALFORMED_BODIES = [
+    # A compact array length of 2**32-1 (2**32-2 topics) in 20 bytes: kio reserved 34 GB
+    # for it before reading a topic, and the process aborted.
+    (
+        "metadata-v9-2**32-2-topics",
+        bytes.fromhex("000000100003000900000001ffff00ffffffff0f"),
+        "MetadataRequest.topics has 4294967294 items",
+    ),
+    # The same on the Produce path, 2**35-2 partitions (kio: 256 GB).
+    (
+        "produce-v9-2**35-2-partitions",
+        raw_frame(
+            0,
+            9,
+            7,
+            b"\x00\xff\xff\x00\x00\x03\xe8\x02\x02t\xff\xff\xff\xff\x7f",
+            flexible_header=True,
+        ),
+        "TopicProduceData.partition_data has 34359738366 items",
+    ),
+    # Nulls where Kafka's schema allows none reached the handlers, which failed on them.
+    (
+        "offset-for-leader-epoch-v4-null-topics",
+        bytes.fromhex(
+            "00000024001700046fd0ff220003667a7a00020000000000000000000000000000000003667a0001"
+        ),
+        "non-nullable field OffsetForLeaderEpochRequest.topics was serialized as null",
+    ),
+    (
+        "incremental-alter-configs-v0-null-resources",
+        bytes.fromhex(
+            "0000003f002c00000f6deb570003667a7affffffff010203667a0400000000ffffffffffffffff"
+            "fffffffe0000000001fffffffffffffffffffffffe0000000002ffff"
+        ),
+        "non-nullable field IncrementalAlterConfigsRequest.resources was serialized as null",
+    ),
+    (
+        "incremental-alter-configs-v0-null-configs",
+        raw_frame(44, 0, 7, b"\x00\x00\x00\x01\x02\x00\x01t\xff\xff\xff\xff\x00"),
+        "non-nullable field AlterConfigsResource.configs was serialized as null",
+    ),
+    (
+        "produce-v9-null-partition-data",
+        raw_frame(
+            0, 9, 7, b"\x00\xff\xff\x00\x00\x03\xe8\x02\x02t\x00\x00\x00", flexible_header=True
+        ),
+        "non-nullable field TopicProduceData.partition_data was serialized as null",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "frame", "refusal"), MALFORMED_BODIES, ids=[c[0] for c in MALFORMED_BODIES]
+)
+def test_over_long_arrays_and_forbidden_nulls_close_the_connection(main, case, frame, refusal):
+    """Apache Kafka's generated readers refuse an array longer than the bytes left and a
+    null in a non-nullable field; the request is malformed and the connection closes."""
+    with WireClient(main.broker.bootstrap) as client:
+        client.send_raw(frame)
+        assert_closed(client)
+    # Refused while decoding, not by a handler failing on what was decoded.
+    assert refusal in main.broker.log_text()
+    assert_healthy(main)
+
+
 def test_api_versions_v99_gets_a_v0_unsupported_version_answer(main):
     """RequestContext.parseRequest/apiVersion: an ApiVersions request of an unknown
     version is read as v0 and answered with a v0 response carrying UNSUPPORTED_VERSION
