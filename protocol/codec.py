@@ -156,12 +156,22 @@ def _writer(entity_type: type[Entity]) -> _Writer:
     return writer
 
 
+# Only known (api_key, api_version) pairs are cached: the remote chooses them, so the
+# cache holds at most the pairs kio has.
+_request_schemas: dict[tuple[int, int], type[RequestPayload]] = {}
+
+
 def request_schema(api_key: int, api_version: int) -> type[RequestPayload] | None:
     """kio's request class for this API version, or None if unknown."""
+    schema = _request_schemas.get((api_key, api_version))
+    if schema is not None:
+        return schema
     try:
-        return load_request_schema(api_key, api_version)
+        schema = load_request_schema(api_key, api_version)
     except KioIndexError:
         return None
+    _request_schemas[api_key, api_version] = schema
+    return schema
 
 
 def response_schema(api_key: int, api_version: int) -> type[ResponsePayload] | None:
