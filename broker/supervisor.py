@@ -14,6 +14,8 @@ Rules:
 - Back-off: 0.5 s before the first restart, doubling with each exit up to 30 s, back to
   0.5 s once the agent had stayed up 60 s. An agent that dies at once is started 7 times
   in its first minute, then twice a minute: it cannot keep a core busy.
+- An agent gets SIGTERM when the supervisor dies, however it dies (Linux's
+  PR_SET_PDEATHSIG): a supervisor killed with SIGKILL leaves no agent behind.
 - SIGTERM or SIGINT to the supervisor: pending restarts are dropped, every agent gets
   SIGTERM and up to the grace (default 10 s) to exit, then SIGKILL. Exit status 0 means
   it was told to stop and every agent stopped cleanly within the grace; 1 otherwise.
@@ -28,18 +30,22 @@ SIGINT write to (signal.set_wakeup_fd), with the earliest pending restart as tim
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import select
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import FrameType, TracebackType
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_STOP_GRACE_S = 10.0
@@ -104,10 +110,10 @@ class _Agent:
     restart_at: float | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv)
+        self.proc = subprocess.Popen(self.argv, preexec_fn=_die_with_parent(os.getpid()))
         self.started_at = time.monotonic()
         self.restart_at = None
-        log.info("agent on port %d started (pid %d)", self.port, self.proc.pid)
+        logger.info("agent on port %d started (pid %d)", self.port, self.proc.pid)
 
     def ended(self) -> subprocess.Popen[bytes] | None:
         """The process of the current run if it has just ended (each end is seen once)."""
@@ -193,7 +199,7 @@ def _serve(agents: list[_Agent], on_exit: OnAgentExit, backoff: Backoff, wakeups
         received = wakeups.wait(max(0.0, min(due) - now) if due else None)
         stop_signal = next((s for s in STOP_SIGNALS if s in received), None)
         if stop_signal is not None:
-            log.info("received %s, stopping every agent", signal.Signals(stop_signal).name)
+            logger.info("received %s, stopping every agent", signal.Signals(stop_signal).name)
             return True
         now = time.monotonic()
         for agent in agents:
@@ -206,9 +212,9 @@ def _serve(agents: list[_Agent], on_exit: OnAgentExit, backoff: Backoff, wakeups
                 f"{agent.where(proc.pid)} {describe_exit(proc.returncode)} after {uptime_s:.1f} s"
             )
             if delay_s is None:
-                log.error("%s; stopping every agent (--on-agent-exit %s)", what, on_exit)
+                logger.error("%s; stopping every agent (--on-agent-exit %s)", what, on_exit)
                 return False
-            log.warning("%s; restarting it in %.1f s", what, delay_s)
+            logger.warning("%s; restarting it in %.1f s", what, delay_s)
             agent.delay_s = delay_s
             agent.restart_at = now + delay_s
 
@@ -227,7 +233,7 @@ def _stop(agents: list[_Agent], grace_s: float, wakeups: _Wakeups) -> list[int]:
         wakeups.wait(left_s)  # woken by SIGCHLD; another SIGTERM changes nothing
     for agent, proc in procs:
         if proc.poll() is None:
-            log.error(
+            logger.error(
                 "%s did not stop within %.1f s of SIGTERM; sending SIGKILL",
                 agent.where(proc.pid),
                 grace_s,
@@ -235,7 +241,24 @@ def _stop(agents: list[_Agent], grace_s: float, wakeups: _Wakeups) -> list[int]:
             proc.kill()
             proc.wait()
         elif not stopped_cleanly(proc.returncode):
-            log.warning(
+            logger.warning(
                 "%s %s while stopping", agent.where(proc.pid), describe_exit(proc.returncode)
             )
     return [proc.returncode for _agent, proc in procs]
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """For the child, before it runs the agent: SIGTERM when the parent dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arrange() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the call
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange

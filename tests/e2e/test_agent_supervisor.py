@@ -138,6 +138,14 @@ def test_on_agent_exit_stop_stops_every_agent(start_broker):
     assert len(lines) == 1 and f"port {middle}" in lines[0], lines
 
 
+def test_agents_stop_when_the_supervisor_is_killed(start_broker):
+    broker = start_broker(agents=2)
+    pids = broker.agent_pids()
+    broker.proc.send_signal(signal.SIGKILL)
+    broker.proc.wait(10)
+    wait_for("every agent gone", lambda: not any(pid_alive(pid) for pid in pids.values()))
+
+
 def test_sigterm_stops_every_agent_within_the_grace(start_broker):
     grace_s = 2.0
     broker = start_broker(agents=3, env={"BUCKETLOG_AGENT_STOP_GRACE_MS": str(int(grace_s * 1000))})
