@@ -34,11 +34,10 @@ a rebalance starts at once and members that do not rejoin in time are dropped.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -53,11 +52,25 @@ from broker.groups.classic import (
     Protocols,
     SyncResult,
 )
+from broker.groups.loaded import CoordinatorError, GroupSlot, TopicResolver
+from broker.groups.offsets import GroupOffsets, PartitionCommit
+from broker.groups.placement import Placement
+from broker.groups.settings import Clock, GroupSettings
 from broker.groups.timer import Timer
 from broker.sync import Promise
 from metadata import groups as store
 from metadata.keys import Subspace
 from metadata.kv import KV, KVError
+
+__all__ = [
+    "Clock",
+    "CoordinatorError",
+    "GroupCoordinator",
+    "GroupSettings",
+    "JoinRequest",
+    "PartitionCommit",
+    "SyncRequest",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,63 +84,6 @@ EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
 GROUP_TYPE = "classic"
 OWNERSHIP_CHECK_SECONDS = 1.0
 MAX_TIMER_SLEEP_SECONDS = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSettings:
-    """Apache Kafka's group coordinator settings, with its defaults."""
-
-    min_session_timeout_ms: int = 6_000  # group.min.session.timeout.ms
-    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
-    initial_rebalance_delay_ms: int = 3_000  # group.initial.rebalance.delay.ms
-    new_member_join_timeout_ms: int = 300_000
-    offsets_retention_ms: int = 7 * 24 * 3600 * 1000  # offsets.retention.minutes
-    offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
-    offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
-
-    @classmethod
-    def from_config(cls, config: Any) -> GroupSettings:
-        return cls(
-            min_session_timeout_ms=config.group_min_session_timeout_ms,
-            max_session_timeout_ms=config.group_max_session_timeout_ms,
-            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-            offsets_retention_ms=int(config.offsets_retention_minutes * 60_000),
-            offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
-        )
-
-
-class Clock:
-    """Wall time for what is stored, monotonic time for deadlines."""
-
-    def now_ms(self) -> int:
-        return int(time.time() * 1000)
-
-    def monotonic_ms(self) -> int:
-        return int(time.monotonic() * 1000)
-
-
-class Placement(Protocol):
-    async def refresh(self, *, fresh: bool = False) -> None: ...
-
-    def is_local(self, group_id: str) -> bool: ...
-
-
-TopicResolver = Callable[[str], Awaitable[Any]]  # topic name -> Topic (or None)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionCommit:
-    topic: str
-    partition: int
-    offset: int
-    leader_epoch: int
-    metadata: str | None
-
-
-class CoordinatorError(Exception):
-    def __init__(self, error: ErrorCode) -> None:
-        super().__init__(error.name)
-        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +141,6 @@ class ListedGroup:
     group_type: str = GROUP_TYPE
 
 
-@dataclass(eq=False, slots=True)
-class _Slot:
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    group: ClassicGroup | None = None
-
-
 def _stored_state_as_loaded(state: str, has_members: bool) -> str:
     if not has_members:
         return str(EMPTY)
@@ -212,8 +162,9 @@ class GroupCoordinator:
         self.placement = placement
         self.clock = clock or Clock()
         self.timer = Timer()
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, GroupSlot] = {}
         self._wake = anyio.Event()
+        self.offsets = GroupOffsets(self)
 
     @classmethod
     def for_agent(cls, agent: Any) -> GroupCoordinator:
@@ -229,6 +180,18 @@ class GroupCoordinator:
         slot = self._slots.get(group_id)
         return None if slot is None else slot.group
 
+    def slots(self) -> Iterable[tuple[str, GroupSlot]]:
+        return self._slots.items()
+
+    def forget(self, slot: GroupSlot) -> None:
+        """Drop a group deleted from the store."""
+        group = slot.group
+        if group is None:
+            return
+        group.transition_to(DEAD, self.clock.now_ms())
+        self._cancel_group_timers(group.group_id)
+        slot.group = None
+
     async def _owns(self, group_id: str) -> bool:
         await self.placement.refresh()
         if self.placement.is_local(group_id):
@@ -239,7 +202,7 @@ class GroupCoordinator:
         return self.placement.is_local(group_id)
 
     @asynccontextmanager
-    async def _locked(self, group_id: str, *, claim: bool = True) -> AsyncIterator[_Slot]:
+    async def locked(self, group_id: str, *, claim: bool = True) -> AsyncIterator[GroupSlot]:
         """The group's slot, locked; with `claim`, checked to be ours and loaded.
 
         The lock is the first thing a request waits for: it is fair, so the requests of
@@ -247,14 +210,14 @@ class GroupCoordinator:
         connection's requests one after another. Failures unload the group (see module).
         """
         while True:
-            slot = self._slots.setdefault(group_id, _Slot())
+            slot = self._slots.setdefault(group_id, GroupSlot())
             await slot.lock.acquire()
             if self._slots.get(group_id) is slot:
                 break
             slot.lock.release()  # the slot was dropped while this task waited for it
         try:
             if claim:
-                await self._claim(slot, group_id)
+                await self.claim(slot, group_id)
             yield slot
             group = slot.group
             if group is not None and group.dirty and group.state is not DEAD:
@@ -275,7 +238,7 @@ class GroupCoordinator:
         finally:
             slot.lock.release()
 
-    async def _claim(self, slot: _Slot, group_id: str, *, load: bool = True) -> None:
+    async def claim(self, slot: GroupSlot, group_id: str, *, load: bool = True) -> None:
         """NOT_COORDINATOR unless this agent coordinates the group; then load it."""
         if not await self._owns(group_id):
             self._unload(slot, ErrorCode.not_coordinator)
@@ -283,7 +246,7 @@ class GroupCoordinator:
         if slot.group is None and load:
             slot.group = await self._load(group_id)
 
-    def _unload(self, slot: _Slot, error: ErrorCode) -> None:
+    def _unload(self, slot: GroupSlot, error: ErrorCode) -> None:
         group = slot.group
         if group is None:
             return
@@ -308,7 +271,7 @@ class GroupCoordinator:
             stored.state,
         )
         for member in group.members.values():
-            self._reschedule_heartbeat(group, member)
+            self.reschedule_heartbeat(group, member)
         if group.members and stored.state != store.STABLE:
             await self._prepare_rebalance(group, f"loaded in state {stored.state}")
         return group
@@ -344,7 +307,7 @@ class GroupCoordinator:
             if slot is None or slot.group is not group:
                 return
             try:
-                async with self._locked(group_id, claim=False) as slot:
+                async with self.locked(group_id, claim=False) as slot:
                     if slot.group is group and group.state is not DEAD:
                         await action(group)
             except CoordinatorError:
@@ -359,7 +322,7 @@ class GroupCoordinator:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._timer_loop, tg)
             tg.start_soon(self._ownership_loop)
-            tg.start_soon(self._retention_loop)
+            tg.start_soon(self.offsets.run_retention)
 
     async def _timer_loop(self, tg: anyio.abc.TaskGroup) -> None:
         while True:
@@ -408,67 +371,9 @@ class GroupCoordinator:
             if slot.group is None and not slot.lock.locked():
                 self._slots.pop(group_id, None)
 
-    async def _retention_loop(self) -> None:
-        while True:
-            await anyio.sleep(self.settings.offsets_retention_check_interval_ms / 1000)
-            try:
-                await self.expire_offsets()
-            except Exception:
-                log.exception("offsets retention failed")
-
-    async def expire_offsets(self) -> int:
-        """One pass of offsets retention over the groups this agent coordinates."""
-        stored = await self.kv.read(lambda tr: store.list_groups(tr, self.sub))
-        await self.placement.refresh()
-        expired = 0
-        for header in stored:
-            if not self.placement.is_local(header.group_id):
-                continue
-            try:
-                async with self._locked(header.group_id) as slot:
-                    group = slot.group
-                    if group is None:
-                        continue
-                    expired += await self._expire_group_offsets(slot, group)
-            except CoordinatorError:
-                continue
-        for slot in list(self._slots.values()):
-            group = slot.group
-            if group is not None and group.revision is None and group.state is EMPTY:
-                if not group.pending_join and not slot.lock.locked():
-                    slot.group = None  # created by a failed join and never written
-        return expired
-
-    async def _expire_group_offsets(self, slot: _Slot, group: ClassicGroup) -> int:
-        rule = group.expiry_rule(self.settings.offsets_retention_ms)
-        if rule is None:
-            return 0
-        now = self.clock.now_ms()
-        revision = group.revision
-        delete_group = group.state is EMPTY
-        result = await self.kv.transact(
-            lambda tr: store.expire_offsets(
-                tr,
-                self.sub,
-                group.group_id,
-                rule,
-                now_ms=now,
-                expected_revision=revision,
-                delete_group_when_empty=delete_group,
-            )
-        )
-        if result.expired:
-            log.info("expired %d offsets of group %r", result.expired, group.group_id)
-        if result.group_deleted:
-            log.info("deleted empty group %r: no offsets left", group.group_id)
-            group.transition_to(DEAD, now)
-            self._cancel_group_timers(group.group_id)
-            slot.group = None
-        return result.expired
-
     # -- timers --------------------------------------------------------------------------
 
-    def _reschedule_heartbeat(
+    def reschedule_heartbeat(
         self, group: ClassicGroup, member: Member, timeout_ms: int | None = None
     ) -> None:
         member_id = member.member_id
@@ -641,7 +546,7 @@ class GroupCoordinator:
                     members=everyone if group.is_leader(member.member_id) else (),
                 ),
             )
-            self._reschedule_heartbeat(group, member)
+            self.reschedule_heartbeat(group, member)
             member.is_new = False
             group.pending_sync.add(member.member_id)
         generation = group.generation
@@ -674,7 +579,7 @@ class GroupCoordinator:
                 assignment=member.assignment,
             )
             if group.complete_sync(member, result):
-                self._reschedule_heartbeat(group, member)
+                self.reschedule_heartbeat(group, member)
 
     async def _add_member_and_rebalance(
         self, group: ClassicGroup, req: JoinRequest, member_id: str, waiter: Promise[JoinResult]
@@ -694,7 +599,7 @@ class GroupCoordinator:
             group.new_member_added = True
         group.add(member, waiter)
         # A new member cannot heartbeat while its JoinGroup is parked; bound that wait.
-        self._reschedule_heartbeat(group, member, self.settings.new_member_join_timeout_ms)
+        self.reschedule_heartbeat(group, member, self.settings.new_member_join_timeout_ms)
         await self._maybe_prepare_rebalance_or_complete_join(
             group, f"adding member {member_id} ({req.reason or 'no reason given'})"
         )
@@ -745,7 +650,7 @@ class GroupCoordinator:
         current_leader = group.leader_id or ""
         member = group.replace_static_member(instance_id, old_id, new_id)
         self._cancel_heartbeat(group, old_id)
-        self._reschedule_heartbeat(group, member)
+        self.reschedule_heartbeat(group, member)
         group.update_member(
             member, req.protocols, req.rebalance_timeout_ms, req.session_timeout_ms, waiter
         )
@@ -862,7 +767,7 @@ class GroupCoordinator:
             return JoinResult(ErrorCode.invalid_session_timeout, member_id=req.member_id)
         waiter: Promise[JoinResult] = Promise()
         try:
-            async with self._locked(req.group_id) as slot:
+            async with self.locked(req.group_id) as slot:
                 group = slot.group
                 if group is None:
                     if req.member_id:
@@ -886,7 +791,7 @@ class GroupCoordinator:
         waiter: Promise[SyncResult] = Promise()
         timeout_ms = 0
         try:
-            async with self._locked(req.group_id) as slot:
+            async with self.locked(req.group_id) as slot:
                 group = slot.group
                 if group is None or group.state is EMPTY:
                     return SyncResult(ErrorCode.unknown_member_id)
@@ -946,7 +851,7 @@ class GroupCoordinator:
         if not group_id:
             return ErrorCode.invalid_group_id
         try:
-            async with self._locked(group_id) as slot:
+            async with self.locked(group_id) as slot:
                 group = slot.group
                 if group is None:
                     return ErrorCode.unknown_member_id
@@ -957,7 +862,7 @@ class GroupCoordinator:
                     return ErrorCode.illegal_generation
                 if group.state is EMPTY:
                     return ErrorCode.unknown_member_id
-                self._reschedule_heartbeat(group, group.members[member_id])
+                self.reschedule_heartbeat(group, group.members[member_id])
                 if group.state is PREPARING:
                     return ErrorCode.rebalance_in_progress
                 return ErrorCode.none
@@ -973,7 +878,7 @@ class GroupCoordinator:
             return ErrorCode.invalid_group_id, []
         answers: list[tuple[str, str | None, ErrorCode]] = []
         try:
-            async with self._locked(group_id) as slot:
+            async with self.locked(group_id) as slot:
                 group = slot.group
                 if group is None:
                     unknown = ErrorCode.unknown_member_id
@@ -1027,97 +932,10 @@ class GroupCoordinator:
         retention_ms: int = -1,
         api_version: int = 8,
     ) -> dict[tuple[str, int], ErrorCode]:
-        """OffsetCommit: an error for every partition, placed as Apache Kafka places them.
-
-        Partitions of unknown topics are UNKNOWN_TOPIC_OR_PARTITION; if any partition is
-        left, a group error (NOT_COORDINATOR included) goes to every partition; otherwise
-        metadata over offset.metadata.max.bytes is OFFSET_METADATA_TOO_LARGE.
-        """
-        answers: dict[tuple[str, int], ErrorCode] = {}
-        try:
-            async with self._locked(group_id, claim=False) as slot:
-                valid: list[store.OffsetToCommit] = []
-                too_large: list[tuple[str, int]] = []
-                max_bytes = self.settings.offset_metadata_max_bytes
-                for p in partitions:
-                    topic = await resolve_topic(p.topic)
-                    if topic is None or not 0 <= p.partition < topic.partitions:
-                        answers[(p.topic, p.partition)] = ErrorCode.unknown_topic_or_partition
-                    elif p.metadata is not None and len(p.metadata) > max_bytes:
-                        too_large.append((p.topic, p.partition))
-                    else:
-                        valid.append(
-                            store.OffsetToCommit(
-                                p.topic,
-                                topic.topic_id,
-                                p.partition,
-                                p.offset,
-                                p.leader_epoch,
-                                p.metadata or "",
-                            )
-                        )
-                if not valid and not too_large:
-                    return answers
-                await self._claim(slot, group_id)
-                error = await self._commit(
-                    slot, group_id, generation, member_id, instance_id, valid, retention_ms,
-                    api_version,
-                )  # fmt: skip
-        except CoordinatorError as exc:
-            error = exc.error
-        if error is not ErrorCode.none:
-            return {(p.topic, p.partition): error for p in partitions}
-        answers.update({(o.topic, o.partition): ErrorCode.none for o in valid})
-        answers.update({key: ErrorCode.offset_metadata_too_large for key in too_large})
-        return answers
-
-    async def _commit(
-        self,
-        slot: _Slot,
-        group_id: str,
-        generation: int,
-        member_id: str,
-        instance_id: str | None,
-        offsets: list[store.OffsetToCommit],
-        retention_ms: int,
-        api_version: int,
-    ) -> ErrorCode:
-        group = slot.group
-        if group is None:
-            if generation >= 0:
-                # v9+ says so plainly; older clients expect ILLEGAL_GENERATION.
-                return (
-                    ErrorCode.group_id_not_found
-                    if api_version >= 9
-                    else ErrorCode.illegal_generation
-                )
-            group = slot.group = ClassicGroup(group_id, self.clock.now_ms())
-        error = group.validate_offset_commit(member_id, instance_id, generation)
-        if error is not None:
-            return error
-        member = group.members.get(member_id)
-        if member is not None and group.state in (STABLE, PREPARING):
-            self._reschedule_heartbeat(group, member)  # a commit keeps the session
-        if not offsets:
-            return ErrorCode.none
-        simple = generation < 0 and group.state is EMPTY
-        fence = None if simple else group.generation
-        now = self.clock.now_ms()
-        expire = now + retention_ms if retention_ms >= 0 else None
-        revision = await self.kv.transact(
-            lambda tr: store.commit_offsets(
-                tr,
-                self.sub,
-                group_id,
-                offsets,
-                generation=fence,
-                now_ms=now,
-                expire_timestamp_ms=expire,
-            )
-        )
-        if group.revision is None:
-            group.revision = revision
-        return ErrorCode.none
+        return await self.offsets.commit(
+            group_id, generation, member_id, instance_id, partitions,
+            resolve_topic=resolve_topic, retention_ms=retention_ms, api_version=api_version,
+        )  # fmt: skip
 
     async def fetch_offsets(
         self,
@@ -1126,34 +944,15 @@ class GroupCoordinator:
         *,
         require_stable: bool = False,
     ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset], set[tuple[str, int]]]:
-        """OffsetFetch of some partitions (or all, None): the group error, the committed
-        offsets, and -- when stable offsets are required -- the partitions an open
-        transaction holds an offset for (of those asked for, or of those committed)."""
+        return await self.offsets.fetch(group_id, partitions, require_stable=require_stable)
 
-        def read(tr: Any) -> tuple[dict[tuple[str, int], store.CommittedOffset], set[Any]]:
-            offsets = store.fetch_offsets(
-                tr, self.sub, group_id, None if partitions is None else list(partitions)
-            )
-            if not require_stable:
-                return offsets, set()
-            asked = (
-                offsets.keys()
-                if partitions is None
-                else [(t, p) for t, ps in partitions.items() for p in ps]
-            )
-            return offsets, store.unstable_partitions(tr, self.sub, group_id, asked)
-
-        try:
-            async with self._locked(group_id, claim=False) as slot:
-                await self._claim(slot, group_id, load=False)
-                offsets, unstable = await self.kv.read(read)
-        except CoordinatorError as exc:
-            return exc.error, {}, set()
-        return ErrorCode.none, offsets, unstable
+    async def expire_offsets(self) -> int:
+        """One pass of offsets retention over the groups this agent coordinates."""
+        return await self.offsets.expire()
 
     async def describe(self, group_id: str) -> DescribedGroup:
         try:
-            async with self._locked(group_id) as slot:
+            async with self.locked(group_id) as slot:
                 group = slot.group
                 if group is None:
                     return DescribedGroup(group_id, ErrorCode.none)
@@ -1202,7 +1001,7 @@ class GroupCoordinator:
 
     async def delete_group(self, group_id: str) -> ErrorCode:
         try:
-            async with self._locked(group_id) as slot:
+            async with self.locked(group_id) as slot:
                 group = slot.group
                 if group is None:
                     return ErrorCode.group_id_not_found
@@ -1233,7 +1032,7 @@ class GroupCoordinator:
         if not group_id:
             return ErrorCode.invalid_group_id, {}
         try:
-            async with self._locked(group_id) as slot:
+            async with self.locked(group_id) as slot:
                 group = slot.group
                 answers: dict[tuple[str, int], ErrorCode] = {}
                 known = []

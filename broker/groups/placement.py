@@ -7,11 +7,17 @@ gains one loads it from the metadata store.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 GROUP = 0
 TRANSACTION = 1
 SHARE = 2
+
+
+class Placement(Protocol):
+    async def refresh(self, *, fresh: bool = False) -> None: ...
+
+    def is_local(self, group_id: str) -> bool: ...
 
 
 class AgentPlacement:

@@ -1,0 +1,241 @@
+"""Committed offsets of groups: OffsetCommit, OffsetFetch and offsets retention.
+
+An OffsetCommit is checked against the loaded group (a member of the current generation,
+or a simple commit with generation -1 to a group without members) and written in one
+transaction that checks the stored generation again, so a coordinator that lost the group
+cannot commit for a generation that is gone. Retention deletes expired offsets of the
+groups this agent coordinates, and an Empty group with them (Apache Kafka's rules, in
+`ClassicGroup.expiry_rule`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from broker.groups.classic import ClassicGroup, GroupState
+from broker.groups.loaded import CoordinatorError, CoordinatorShell, GroupSlot, TopicResolver
+from metadata import groups as store
+
+log = logging.getLogger(__name__)
+
+EMPTY, PREPARING, STABLE = (
+    GroupState.EMPTY,
+    GroupState.PREPARING_REBALANCE,
+    GroupState.STABLE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCommit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+class GroupOffsets:
+    def __init__(self, shell: CoordinatorShell) -> None:
+        self.shell = shell
+
+    async def commit(
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        instance_id: str | None,
+        partitions: list[PartitionCommit],
+        *,
+        resolve_topic: TopicResolver,
+        retention_ms: int = -1,
+        api_version: int = 8,
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """OffsetCommit: an error for every partition, placed as Apache Kafka places them.
+
+        Partitions of unknown topics are UNKNOWN_TOPIC_OR_PARTITION; if any partition is
+        left, a group error (NOT_COORDINATOR included) goes to every partition; otherwise
+        metadata over offset.metadata.max.bytes is OFFSET_METADATA_TOO_LARGE.
+        """
+        shell = self.shell
+        answers: dict[tuple[str, int], ErrorCode] = {}
+        try:
+            async with shell.locked(group_id, claim=False) as slot:
+                valid: list[store.OffsetToCommit] = []
+                too_large: list[tuple[str, int]] = []
+                max_bytes = shell.settings.offset_metadata_max_bytes
+                for p in partitions:
+                    topic = await resolve_topic(p.topic)
+                    if topic is None or not 0 <= p.partition < topic.partitions:
+                        answers[(p.topic, p.partition)] = ErrorCode.unknown_topic_or_partition
+                    elif p.metadata is not None and len(p.metadata) > max_bytes:
+                        too_large.append((p.topic, p.partition))
+                    else:
+                        valid.append(
+                            store.OffsetToCommit(
+                                p.topic,
+                                topic.topic_id,
+                                p.partition,
+                                p.offset,
+                                p.leader_epoch,
+                                p.metadata or "",
+                            )
+                        )
+                if not valid and not too_large:
+                    return answers
+                await shell.claim(slot, group_id)
+                error = await self._commit(
+                    slot, group_id, generation, member_id, instance_id, valid, retention_ms,
+                    api_version,
+                )  # fmt: skip
+        except CoordinatorError as exc:
+            error = exc.error
+        if error is not ErrorCode.none:
+            return {(p.topic, p.partition): error for p in partitions}
+        answers.update({(o.topic, o.partition): ErrorCode.none for o in valid})
+        answers.update({key: ErrorCode.offset_metadata_too_large for key in too_large})
+        return answers
+
+    async def _commit(
+        self,
+        slot: GroupSlot,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        instance_id: str | None,
+        offsets: list[store.OffsetToCommit],
+        retention_ms: int,
+        api_version: int,
+    ) -> ErrorCode:
+        shell = self.shell
+        group = slot.group
+        if group is None:
+            if generation >= 0:
+                # v9+ says so plainly; older clients expect ILLEGAL_GENERATION.
+                return (
+                    ErrorCode.group_id_not_found
+                    if api_version >= 9
+                    else ErrorCode.illegal_generation
+                )
+            group = slot.group = ClassicGroup(group_id, shell.clock.now_ms())
+        error = group.validate_offset_commit(member_id, instance_id, generation)
+        if error is not None:
+            return error
+        member = group.members.get(member_id)
+        if member is not None and group.state in (STABLE, PREPARING):
+            shell.reschedule_heartbeat(group, member)  # a commit keeps the session
+        if not offsets:
+            return ErrorCode.none
+        simple = generation < 0 and group.state is EMPTY
+        fence = None if simple else group.generation
+        now = shell.clock.now_ms()
+        expire = now + retention_ms if retention_ms >= 0 else None
+        revision = await shell.kv.transact(
+            lambda tr: store.commit_offsets(
+                tr,
+                shell.sub,
+                group_id,
+                offsets,
+                generation=fence,
+                now_ms=now,
+                expire_timestamp_ms=expire,
+            )
+        )
+        if group.revision is None:
+            group.revision = revision
+        return ErrorCode.none
+
+    async def fetch(
+        self,
+        group_id: str,
+        partitions: dict[str, list[int]] | None,
+        *,
+        require_stable: bool = False,
+    ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset], set[tuple[str, int]]]:
+        """OffsetFetch of some partitions (or all, None): the group error, the committed
+        offsets, and -- when stable offsets are required -- the partitions an open
+        transaction holds an offset for (of those asked for, or of those committed)."""
+        shell = self.shell
+
+        def read(tr: Any) -> tuple[dict[tuple[str, int], store.CommittedOffset], set[Any]]:
+            offsets = store.fetch_offsets(
+                tr, shell.sub, group_id, None if partitions is None else list(partitions)
+            )
+            if not require_stable:
+                return offsets, set()
+            asked = (
+                offsets.keys()
+                if partitions is None
+                else [(t, p) for t, ps in partitions.items() for p in ps]
+            )
+            return offsets, store.unstable_partitions(tr, shell.sub, group_id, asked)
+
+        try:
+            async with shell.locked(group_id, claim=False) as slot:
+                await shell.claim(slot, group_id, load=False)
+                offsets, unstable = await shell.kv.read(read)
+        except CoordinatorError as exc:
+            return exc.error, {}, set()
+        return ErrorCode.none, offsets, unstable
+
+    async def run_retention(self) -> None:
+        while True:
+            await anyio.sleep(self.shell.settings.offsets_retention_check_interval_ms / 1000)
+            try:
+                await self.expire()
+            except Exception:
+                log.exception("offsets retention failed")
+
+    async def expire(self) -> int:
+        """One pass of offsets retention over the groups this agent coordinates."""
+        shell = self.shell
+        stored = await shell.kv.read(lambda tr: store.list_groups(tr, shell.sub))
+        await shell.placement.refresh()
+        expired = 0
+        for header in stored:
+            if not shell.placement.is_local(header.group_id):
+                continue
+            try:
+                async with shell.locked(header.group_id) as slot:
+                    group = slot.group
+                    if group is None:
+                        continue
+                    expired += await self._expire_group_offsets(slot, group)
+            except CoordinatorError:
+                continue
+        for _group_id, slot in list(shell.slots()):
+            group = slot.group
+            if group is not None and group.revision is None and group.state is EMPTY:
+                if not group.pending_join and not slot.lock.locked():
+                    slot.group = None  # created by a failed join and never written
+        return expired
+
+    async def _expire_group_offsets(self, slot: GroupSlot, group: ClassicGroup) -> int:
+        shell = self.shell
+        rule = group.expiry_rule(shell.settings.offsets_retention_ms)
+        if rule is None:
+            return 0
+        now = shell.clock.now_ms()
+        revision = group.revision
+        delete_group = group.state is EMPTY
+        result = await shell.kv.transact(
+            lambda tr: store.expire_offsets(
+                tr,
+                shell.sub,
+                group.group_id,
+                rule,
+                now_ms=now,
+                expected_revision=revision,
+                delete_group_when_empty=delete_group,
+            )
+        )
+        if result.expired:
+            log.info("expired %d offsets of group %r", result.expired, group.group_id)
+        if result.group_deleted:
+            log.info("deleted empty group %r: no offsets left", group.group_id)
+            shell.forget(slot)
+        return result.expired
