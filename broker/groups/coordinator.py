@@ -43,8 +43,8 @@ import anyio
 import anyio.abc
 from kio.schema.errors import ErrorCode
 
+from broker.groups.admin import DescribedGroup, GroupAdmin, ListedGroup
 from broker.groups.classic import (
-    CONSUMER_PROTOCOL_TYPE,
     ClassicGroup,
     GroupState,
     JoinResult,
@@ -81,7 +81,6 @@ EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
     GroupState.STABLE,
     GroupState.DEAD,
 )
-GROUP_TYPE = "classic"
 OWNERSHIP_CHECK_SECONDS = 1.0
 MAX_TIMER_SLEEP_SECONDS = 1.0
 
@@ -113,40 +112,6 @@ class SyncRequest:
     assignments: tuple[tuple[str, bytes], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class DescribedMember:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    metadata: bytes
-    assignment: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class DescribedGroup:
-    group_id: str
-    error: ErrorCode
-    state: str = str(DEAD)
-    protocol_type: str = ""
-    protocol_data: str = ""
-    members: tuple[DescribedMember, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ListedGroup:
-    group_id: str
-    protocol_type: str
-    state: str
-    group_type: str = GROUP_TYPE
-
-
-def _stored_state_as_loaded(state: str, has_members: bool) -> str:
-    if not has_members:
-        return str(EMPTY)
-    return str(STABLE) if state == str(STABLE) else str(PREPARING)
-
-
 class GroupCoordinator:
     def __init__(
         self,
@@ -165,6 +130,7 @@ class GroupCoordinator:
         self._slots: dict[str, GroupSlot] = {}
         self._wake = anyio.Event()
         self.offsets = GroupOffsets(self)
+        self.admin = GroupAdmin(self)
 
     @classmethod
     def for_agent(cls, agent: Any) -> GroupCoordinator:
@@ -951,75 +917,14 @@ class GroupCoordinator:
         return await self.offsets.expire()
 
     async def describe(self, group_id: str) -> DescribedGroup:
-        try:
-            async with self.locked(group_id) as slot:
-                group = slot.group
-                if group is None:
-                    return DescribedGroup(group_id, ErrorCode.none)
-                stable = group.state is STABLE
-                return DescribedGroup(
-                    group_id,
-                    ErrorCode.none,
-                    str(group.state),
-                    group.protocol_type or "",
-                    (group.protocol_name or "") if stable else "",
-                    tuple(
-                        DescribedMember(
-                            m.member_id,
-                            m.group_instance_id,
-                            m.client_id,
-                            m.client_host,
-                            m.metadata(group.protocol_name) if stable else b"",
-                            m.assignment,
-                        )
-                        for m in group.members.values()
-                    ),
-                )
-        except CoordinatorError as exc:
-            return DescribedGroup(group_id, exc.error, state="", protocol_type="")
+        return await self.admin.describe(group_id)
 
     async def list_groups(self) -> list[ListedGroup]:
         """The groups this agent coordinates (a client asks every agent and merges)."""
-        stored = await self.kv.read(lambda tr: store.list_groups(tr, self.sub))
-        await self.placement.refresh()
-        listed: dict[str, ListedGroup] = {}
-        for header in stored:
-            if self.placement.is_local(header.group_id):
-                listed[header.group_id] = ListedGroup(
-                    header.group_id,
-                    header.protocol_type or "",
-                    _stored_state_as_loaded(header.state, header.state != store.EMPTY),
-                )
-        for group_id, slot in self._slots.items():
-            group = slot.group
-            if group is not None and group.state is not DEAD:
-                if self.placement.is_local(group_id):
-                    listed[group_id] = ListedGroup(
-                        group_id, group.protocol_type or "", str(group.state)
-                    )
-        return sorted(listed.values(), key=lambda g: g.group_id)
+        return await self.admin.list_groups()
 
     async def delete_group(self, group_id: str) -> ErrorCode:
-        try:
-            async with self.locked(group_id) as slot:
-                group = slot.group
-                if group is None:
-                    return ErrorCode.group_id_not_found
-                if group.state is not EMPTY:
-                    return ErrorCode.non_empty_group
-                revision = group.revision
-                count = await self.kv.transact(
-                    lambda tr: store.delete_group(
-                        tr, self.sub, group_id, expected_revision=revision
-                    )
-                )
-                log.info("deleted group %r and %d committed offsets", group_id, count)
-                group.transition_to(DEAD, self.clock.now_ms())
-                self._cancel_group_timers(group_id)
-                slot.group = None
-                return ErrorCode.none
-        except CoordinatorError as exc:
-            return exc.error
+        return await self.admin.delete_group(group_id)
 
     async def delete_offsets(
         self,
@@ -1029,37 +934,7 @@ class GroupCoordinator:
         resolve_topic: TopicResolver,
     ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
         """OffsetDelete: a group error, or an error for every partition."""
-        if not group_id:
-            return ErrorCode.invalid_group_id, {}
-        try:
-            async with self.locked(group_id) as slot:
-                group = slot.group
-                answers: dict[tuple[str, int], ErrorCode] = {}
-                known = []
-                for topic_name, partition in partitions:
-                    topic = await resolve_topic(topic_name)
-                    if topic is None or not 0 <= partition < topic.partitions:
-                        answers[(topic_name, partition)] = ErrorCode.unknown_topic_or_partition
-                    else:
-                        known.append((topic_name, partition))
-                if group is None:
-                    return ErrorCode.group_id_not_found, {}
-                if group.state is not EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
-                    return ErrorCode.non_empty_group, {}
-                doomed = []
-                for topic_name, partition in known:
-                    if group.is_subscribed_to_topic(topic_name):
-                        answers[(topic_name, partition)] = ErrorCode.group_subscribed_to_topic
-                    else:
-                        answers[(topic_name, partition)] = ErrorCode.none
-                        doomed.append((topic_name, partition))
-                if doomed:
-                    await self.kv.transact(
-                        lambda tr: store.delete_offsets(tr, self.sub, group_id, doomed)
-                    )
-                return ErrorCode.none, answers
-        except CoordinatorError as exc:
-            return exc.error, {}
+        return await self.admin.delete_offsets(group_id, partitions, resolve_topic=resolve_topic)
 
 
 def _inconsistent(requested: str | None, current: str | None) -> bool:
