@@ -91,6 +91,33 @@ class SyncResult:
     assignment: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: Protocols
+    require_known_member_id: bool = True  # JoinGroup v4+
+    supports_skip_assignment: bool = True  # JoinGroup v9+
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    group_id: str
+    generation: int
+    member_id: str
+    group_instance_id: str | None
+    protocol_type: str | None
+    protocol_name: str | None
+    assignments: tuple[tuple[str, bytes], ...]
+
+
 @dataclass(eq=False, slots=True)
 class Member:
     member_id: str

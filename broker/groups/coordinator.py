@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -47,9 +46,10 @@ from broker.groups.admin import DescribedGroup, GroupAdmin, ListedGroup
 from broker.groups.classic import (
     ClassicGroup,
     GroupState,
+    JoinRequest,
     JoinResult,
     Member,
-    Protocols,
+    SyncRequest,
     SyncResult,
 )
 from broker.groups.loaded import CoordinatorError, GroupSlot, TopicResolver
@@ -83,33 +83,6 @@ EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
 )
 OWNERSHIP_CHECK_SECONDS = 1.0
 MAX_TIMER_SLEEP_SECONDS = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class JoinRequest:
-    group_id: str
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: Protocols
-    require_known_member_id: bool = True  # JoinGroup v4+
-    supports_skip_assignment: bool = True  # JoinGroup v9+
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SyncRequest:
-    group_id: str
-    generation: int
-    member_id: str
-    group_instance_id: str | None
-    protocol_type: str | None
-    protocol_name: str | None
-    assignments: tuple[tuple[str, bytes], ...]
 
 
 class GroupCoordinator:
