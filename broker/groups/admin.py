@@ -68,9 +68,9 @@ class GroupAdmin:
     async def describe(self, group_id: str) -> DescribedGroup:
         try:
             async with self.shell.locked(group_id) as slot:
-                group = slot.group
-                if group is None:
+                if slot.loaded is None:
                     return DescribedGroup(group_id, ErrorCode.none)
+                group = slot.loaded.group
                 stable = group.state is STABLE
                 return DescribedGroup(
                     group_id,
@@ -107,7 +107,7 @@ class GroupAdmin:
                     _stored_state_as_loaded(header.state, header.state != store.EMPTY),
                 )
         for group_id, slot in shell.slots():
-            group = slot.group
+            group = None if slot.loaded is None else slot.loaded.group
             if group is not None and group.state is not DEAD:
                 if shell.placement.is_local(group_id):
                     listed[group_id] = ListedGroup(
@@ -119,12 +119,11 @@ class GroupAdmin:
         shell = self.shell
         try:
             async with shell.locked(group_id) as slot:
-                group = slot.group
-                if group is None:
+                if slot.loaded is None:
                     return ErrorCode.group_id_not_found
-                if group.state is not EMPTY:
+                if slot.loaded.group.state is not EMPTY:
                     return ErrorCode.non_empty_group
-                revision = group.revision
+                revision = slot.loaded.revision
                 count = await shell.kv.transact(
                     lambda tr: store.delete_group(
                         tr, shell.sub, group_id, expected_revision=revision
@@ -149,7 +148,7 @@ class GroupAdmin:
         shell = self.shell
         try:
             async with shell.locked(group_id) as slot:
-                group = slot.group
+                group = None if slot.loaded is None else slot.loaded.group
                 answers: dict[tuple[str, int], ErrorCode] = {}
                 known = []
                 for topic_name, partition in partitions:

@@ -18,7 +18,15 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from broker.groups.classic import ClassicGroup, GroupState
-from broker.groups.loaded import CoordinatorError, CoordinatorShell, GroupSlot, TopicResolver
+from broker.groups.classic_machine import OffsetCommit
+from broker.groups.loaded import (
+    CoordinatorError,
+    CoordinatorShell,
+    GroupSlot,
+    LoadedGroup,
+    TopicResolver,
+)
+from broker.sync import Promise
 from metadata import groups as store
 
 log = logging.getLogger(__name__)
@@ -112,8 +120,8 @@ class GroupOffsets:
         api_version: int,
     ) -> ErrorCode:
         shell = self.shell
-        group = slot.group
-        if group is None:
+        loaded = slot.loaded
+        if loaded is None:
             if generation >= 0:
                 # v9+ says so plainly; older clients expect ILLEGAL_GENERATION.
                 return (
@@ -121,15 +129,15 @@ class GroupOffsets:
                     if api_version >= 9
                     else ErrorCode.illegal_generation
                 )
-            group = slot.group = ClassicGroup(group_id, shell.clock.now_ms())
-        error = group.validate_offset_commit(member_id, instance_id, generation)
-        if error is not None:
+            group = ClassicGroup(group_id, state_timestamp_ms=shell.clock.now_ms())
+            loaded = slot.loaded = LoadedGroup(group)
+        group = loaded.group
+        checked: Promise[ErrorCode] = Promise()
+        event = OffsetCommit(generation, member_id, instance_id)
+        await shell.apply(slot, shell.machine.handle(group, event, shell.clock.now_ms()), checked)
+        error = await checked.wait()
+        if error is not ErrorCode.none or not offsets:
             return error
-        member = group.members.get(member_id)
-        if member is not None and group.state in (STABLE, PREPARING):
-            shell.reschedule_heartbeat(group, member)  # a commit keeps the session
-        if not offsets:
-            return ErrorCode.none
         simple = generation < 0 and group.state is EMPTY
         fence = None if simple else group.generation
         now = shell.clock.now_ms()
@@ -145,8 +153,8 @@ class GroupOffsets:
                 expire_timestamp_ms=expire,
             )
         )
-        if group.revision is None:
-            group.revision = revision
+        if loaded.revision is None:
+            loaded.revision = revision
         return ErrorCode.none
 
     async def fetch(
@@ -201,26 +209,26 @@ class GroupOffsets:
                 continue
             try:
                 async with shell.locked(header.group_id) as slot:
-                    group = slot.group
-                    if group is None:
+                    if slot.loaded is None:
                         continue
-                    expired += await self._expire_group_offsets(slot, group)
+                    expired += await self._expire_group_offsets(slot, slot.loaded)
             except CoordinatorError:
                 continue
         for _group_id, slot in list(shell.slots()):
-            group = slot.group
-            if group is not None and group.revision is None and group.state is EMPTY:
-                if not group.pending_join and not slot.lock.locked():
-                    slot.group = None  # created by a failed join and never written
+            loaded = slot.loaded
+            if loaded is not None and loaded.revision is None and loaded.group.state is EMPTY:
+                if not loaded.group.pending_join and not slot.lock.locked():
+                    slot.loaded = None  # created by a failed join and never written
         return expired
 
-    async def _expire_group_offsets(self, slot: GroupSlot, group: ClassicGroup) -> int:
+    async def _expire_group_offsets(self, slot: GroupSlot, loaded: LoadedGroup) -> int:
         shell = self.shell
+        group = loaded.group
         rule = group.expiry_rule(shell.settings.offsets_retention_ms)
         if rule is None:
             return 0
         now = shell.clock.now_ms()
-        revision = group.revision
+        revision = loaded.revision
         delete_group = group.state is EMPTY
         result = await shell.kv.transact(
             lambda tr: store.expire_offsets(

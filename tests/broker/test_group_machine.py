@@ -15,10 +15,13 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from broker.groups.classic import (
+    ClassicGroup,
     GroupState,
     JoinedMember,
     JoinRequest,
     JoinResult,
+    Member,
+    Members,
     SyncRequest,
     SyncResult,
 )
@@ -29,7 +32,6 @@ from broker.groups.classic_machine import (
     AnswerSync,
     CancelTimeout,
     CancelTimeouts,
-    ClassicGroup,
     ClassicGroupMachine,
     Deleted,
     Heartbeat,
@@ -39,8 +41,6 @@ from broker.groups.classic_machine import (
     JoinTimeout,
     LeaveGroup,
     Load,
-    Member,
-    Members,
     OffsetCommit,
     ParkJoin,
     ParkSync,
