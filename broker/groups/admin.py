@@ -14,9 +14,9 @@ from kio.schema.errors import ErrorCode
 
 from broker.groups.classic import CONSUMER_PROTOCOL_TYPE, GroupState
 from broker.groups.loaded import CoordinatorError, CoordinatorShell, TopicResolver
-from metadata import groups as store
+from metadata import groups as groups_layer
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 EMPTY, PREPARING, STABLE, DEAD = (
     GroupState.EMPTY,
@@ -96,7 +96,7 @@ class GroupAdmin:
     async def list_groups(self) -> list[ListedGroup]:
         """The groups this agent coordinates (a client asks every agent and merges)."""
         shell = self.shell
-        stored = await shell.kv.read(lambda tr: store.list_groups(tr, shell.sub))
+        stored = await shell.kv.read(lambda tr: groups_layer.list_groups(tr, shell.sub))
         await shell.placement.refresh()
         listed: dict[str, ListedGroup] = {}
         for header in stored:
@@ -104,7 +104,7 @@ class GroupAdmin:
                 listed[header.group_id] = ListedGroup(
                     header.group_id,
                     header.protocol_type or "",
-                    _stored_state_as_loaded(header.state, header.state != store.EMPTY),
+                    _stored_state_as_loaded(header.state, header.state != groups_layer.EMPTY),
                 )
         for group_id, slot in shell.slots():
             group = None if slot.loaded is None else slot.loaded.group
@@ -125,11 +125,11 @@ class GroupAdmin:
                     return ErrorCode.non_empty_group
                 revision = slot.loaded.revision
                 count = await shell.kv.transact(
-                    lambda tr: store.delete_group(
+                    lambda tr: groups_layer.delete_group(
                         tr, shell.sub, group_id, expected_revision=revision
                     )
                 )
-                log.info("deleted group %r and %d committed offsets", group_id, count)
+                logger.info("deleted group %r and %d committed offsets", group_id, count)
                 shell.forget(slot)
                 return ErrorCode.none
         except CoordinatorError as exc:
@@ -170,7 +170,7 @@ class GroupAdmin:
                         doomed.append((topic_name, partition))
                 if doomed:
                     await shell.kv.transact(
-                        lambda tr: store.delete_offsets(tr, shell.sub, group_id, doomed)
+                        lambda tr: groups_layer.delete_offsets(tr, shell.sub, group_id, doomed)
                     )
                 return ErrorCode.none, answers
         except CoordinatorError as exc:

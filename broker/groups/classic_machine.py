@@ -87,6 +87,8 @@ class OffsetCommit:
     group_instance_id: str | None = None
 
 
+# Timeouts with the same key replace each other: a pending member's wait to join with its
+# id and, once it joined, its session; the initial delay and the rebalance timeout.
 TimeoutKey = tuple[str, ...]
 
 

@@ -44,7 +44,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -89,11 +89,11 @@ from broker.groups.loaded import (
     TopicResolver,
 )
 from broker.groups.offsets import GroupOffsets, PartitionCommit
-from broker.groups.placement import Placement
-from broker.groups.settings import Clock, GroupSettings
+from broker.groups.placement import AgentPlacement, PlacedAgent, Placement
+from broker.groups.settings import Clock, GroupConfig, GroupSettings
 from broker.groups.timer import Timer
 from broker.sync import Promise
-from metadata import groups as store
+from metadata import groups as groups_layer
 from metadata.keys import Subspace
 from metadata.kv import KV, KVError
 
@@ -107,12 +107,23 @@ __all__ = [
     "SyncRequest",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 A = TypeVar("A")
 DEAD = GroupState.DEAD
 OWNERSHIP_CHECK_SECONDS = 1.0
 MAX_TIMER_SLEEP_SECONDS = 1.0
+
+
+class CoordinatingAgent(PlacedAgent, Protocol):
+    """What the coordinator takes from its agent (`broker.agent.Agent`)."""
+
+    @property
+    def kv(self) -> KV: ...
+    @property
+    def sub(self) -> Subspace: ...
+    @property
+    def config(self) -> GroupConfig: ...
 
 
 def new_member_id(client_id: str, instance_id: str | None) -> str:
@@ -147,9 +158,7 @@ class GroupCoordinator:
         self.admin = GroupAdmin(self)
 
     @classmethod
-    def for_agent(cls, agent: Any) -> GroupCoordinator:
-        from broker.groups.placement import AgentPlacement
-
+    def for_agent(cls, agent: CoordinatingAgent) -> GroupCoordinator:
         return cls(
             agent.kv, agent.sub, GroupSettings.from_config(agent.config), AgentPlacement(agent)
         )
@@ -190,12 +199,12 @@ class GroupCoordinator:
             if claim:
                 await self.claim(slot, group_id)
             yield slot
-        except store.GroupFenced as exc:
-            log.warning("giving up group %r: %s", group_id, exc.message)
+        except groups_layer.GroupFenced as exc:
+            logger.warning("giving up group %r: %s", group_id, exc.message)
             self._unload(slot, ErrorCode.not_coordinator)
             raise CoordinatorError(ErrorCode.not_coordinator) from None
         except KVError:
-            log.exception("metadata store failure for group %r", group_id)
+            logger.exception("metadata store failure for group %r", group_id)
             self._unload(slot, ErrorCode.coordinator_not_available)
             raise CoordinatorError(ErrorCode.coordinator_not_available) from None
         except CoordinatorError:
@@ -212,7 +221,7 @@ class GroupCoordinator:
             self._unload(slot, ErrorCode.not_coordinator)
             raise CoordinatorError(ErrorCode.not_coordinator)
         if slot.loaded is None and load:
-            stored = await self.kv.read(lambda tr: store.get_group(tr, self.sub, group_id))
+            stored = await self.kv.read(lambda tr: groups_layer.get_group(tr, self.sub, group_id))
             if stored is not None:
                 transition = self.machine.handle(None, Load(stored), self.clock.now_ms())
                 assert transition.group is not None
@@ -294,10 +303,10 @@ class GroupCoordinator:
         else:
             raise AssertionError(f"{action!r} needs the store or a request")
 
-    async def _persist(self, loaded: LoadedGroup, stored: store.StoredGroup) -> None:
+    async def _persist(self, loaded: LoadedGroup, stored: groups_layer.StoredGroup) -> None:
         expected = loaded.revision
         loaded.revision = await self.kv.transact(
-            lambda tr: store.put_group(tr, self.sub, stored, expected_revision=expected)
+            lambda tr: groups_layer.put_group(tr, self.sub, stored, expected_revision=expected)
         )
 
     def _schedule(self, loaded: LoadedGroup, timeout: Timeout, delay_ms: int) -> None:
@@ -346,7 +355,7 @@ class GroupCoordinator:
         try:
             await callback()
         except Exception:
-            log.exception("group coordinator timer failed")
+            logger.exception("group coordinator timer failed")
 
     async def run_due_timers(self) -> int:
         """Run every callback that is due now, one after another (for tests)."""
@@ -361,7 +370,7 @@ class GroupCoordinator:
             try:
                 await self.check_ownership()
             except Exception:
-                log.exception("group ownership check failed")
+                logger.exception("group ownership check failed")
 
     async def check_ownership(self) -> None:
         """Unload the groups another agent coordinates now."""
@@ -370,7 +379,7 @@ class GroupCoordinator:
             if slot.loaded is not None and not self.placement.is_local(group_id):
                 async with slot.lock:
                     if slot.loaded is not None:
-                        log.info("group %r is coordinated by another agent now", group_id)
+                        logger.info("group %r is coordinated by another agent now", group_id)
                         self._unload(slot, ErrorCode.not_coordinator)
             if slot.loaded is None and not slot.lock.locked():
                 self._slots.pop(group_id, None)
@@ -482,7 +491,9 @@ class GroupCoordinator:
         partitions: dict[str, list[int]] | None,
         *,
         require_stable: bool = False,
-    ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset], set[tuple[str, int]]]:
+    ) -> tuple[
+        ErrorCode, dict[tuple[str, int], groups_layer.CommittedOffset], set[tuple[str, int]]
+    ]:
         return await self.offsets.fetch(group_id, partitions, require_stable=require_stable)
 
     async def expire_offsets(self) -> int:

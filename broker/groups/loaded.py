@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 from kio.schema.errors import ErrorCode
@@ -24,11 +24,12 @@ from broker.groups.classic_machine import ClassicGroupMachine, Transition
 from broker.groups.placement import Placement
 from broker.groups.settings import Clock, GroupSettings
 from broker.sync import Promise
+from metadata import topics
 from metadata.keys import Subspace
 from metadata.kv import KV
 
 A = TypeVar("A")
-TopicResolver = Callable[[str], Awaitable[Any]]  # topic name -> Topic (or None)
+TopicResolver = Callable[[str], Awaitable[topics.Topic | None]]
 
 
 class CoordinatorError(Exception):

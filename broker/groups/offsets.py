@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from kio.schema.errors import ErrorCode
@@ -27,9 +26,10 @@ from broker.groups.loaded import (
     TopicResolver,
 )
 from broker.sync import Promise
-from metadata import groups as store
+from metadata import groups as groups_layer
+from metadata.kv import ReadTransaction
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 EMPTY, PREPARING, STABLE = (
     GroupState.EMPTY,
@@ -73,7 +73,7 @@ class GroupOffsets:
         answers: dict[tuple[str, int], ErrorCode] = {}
         try:
             async with shell.locked(group_id, claim=False) as slot:
-                valid: list[store.OffsetToCommit] = []
+                valid: list[groups_layer.OffsetToCommit] = []
                 too_large: list[tuple[str, int]] = []
                 max_bytes = shell.settings.offset_metadata_max_bytes
                 for p in partitions:
@@ -84,7 +84,7 @@ class GroupOffsets:
                         too_large.append((p.topic, p.partition))
                     else:
                         valid.append(
-                            store.OffsetToCommit(
+                            groups_layer.OffsetToCommit(
                                 p.topic,
                                 topic.topic_id,
                                 p.partition,
@@ -115,7 +115,7 @@ class GroupOffsets:
         generation: int,
         member_id: str,
         instance_id: str | None,
-        offsets: list[store.OffsetToCommit],
+        offsets: list[groups_layer.OffsetToCommit],
         retention_ms: int,
         api_version: int,
     ) -> ErrorCode:
@@ -143,7 +143,7 @@ class GroupOffsets:
         now = shell.clock.now_ms()
         expire = now + retention_ms if retention_ms >= 0 else None
         revision = await shell.kv.transact(
-            lambda tr: store.commit_offsets(
+            lambda tr: groups_layer.commit_offsets(
                 tr,
                 shell.sub,
                 group_id,
@@ -163,14 +163,18 @@ class GroupOffsets:
         partitions: dict[str, list[int]] | None,
         *,
         require_stable: bool = False,
-    ) -> tuple[ErrorCode, dict[tuple[str, int], store.CommittedOffset], set[tuple[str, int]]]:
+    ) -> tuple[
+        ErrorCode, dict[tuple[str, int], groups_layer.CommittedOffset], set[tuple[str, int]]
+    ]:
         """OffsetFetch of some partitions (or all, None): the group error, the committed
         offsets, and -- when stable offsets are required -- the partitions an open
         transaction holds an offset for (of those asked for, or of those committed)."""
         shell = self.shell
 
-        def read(tr: Any) -> tuple[dict[tuple[str, int], store.CommittedOffset], set[Any]]:
-            offsets = store.fetch_offsets(
+        def read(
+            tr: ReadTransaction,
+        ) -> tuple[dict[tuple[str, int], groups_layer.CommittedOffset], set[tuple[str, int]]]:
+            offsets = groups_layer.fetch_offsets(
                 tr, shell.sub, group_id, None if partitions is None else list(partitions)
             )
             if not require_stable:
@@ -180,7 +184,7 @@ class GroupOffsets:
                 if partitions is None
                 else [(t, p) for t, ps in partitions.items() for p in ps]
             )
-            return offsets, store.unstable_partitions(tr, shell.sub, group_id, asked)
+            return offsets, groups_layer.unstable_partitions(tr, shell.sub, group_id, asked)
 
         try:
             async with shell.locked(group_id, claim=False) as slot:
@@ -196,12 +200,12 @@ class GroupOffsets:
             try:
                 await self.expire()
             except Exception:
-                log.exception("offsets retention failed")
+                logger.exception("offsets retention failed")
 
     async def expire(self) -> int:
         """One pass of offsets retention over the groups this agent coordinates."""
         shell = self.shell
-        stored = await shell.kv.read(lambda tr: store.list_groups(tr, shell.sub))
+        stored = await shell.kv.read(lambda tr: groups_layer.list_groups(tr, shell.sub))
         await shell.placement.refresh()
         expired = 0
         for header in stored:
@@ -231,7 +235,7 @@ class GroupOffsets:
         revision = loaded.revision
         delete_group = group.state is EMPTY
         result = await shell.kv.transact(
-            lambda tr: store.expire_offsets(
+            lambda tr: groups_layer.expire_offsets(
                 tr,
                 shell.sub,
                 group.group_id,
@@ -242,8 +246,8 @@ class GroupOffsets:
             )
         )
         if result.expired:
-            log.info("expired %d offsets of group %r", result.expired, group.group_id)
+            logger.info("expired %d offsets of group %r", result.expired, group.group_id)
         if result.group_deleted:
-            log.info("deleted empty group %r: no offsets left", group.group_id)
+            logger.info("deleted empty group %r: no offsets left", group.group_id)
             shell.forget(slot)
         return result.expired

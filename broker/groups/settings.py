@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
+
+
+class GroupConfig(Protocol):
+    """The broker settings the group coordinator reads (`broker.config.BrokerConfig`)."""
+
+    @property
+    def group_min_session_timeout_ms(self) -> int: ...
+    @property
+    def group_max_session_timeout_ms(self) -> int: ...
+    @property
+    def group_initial_rebalance_delay_ms(self) -> int: ...
+    @property
+    def offsets_retention_minutes(self) -> float: ...
+    @property
+    def offsets_retention_check_interval_ms(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +35,7 @@ class GroupSettings:
     offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
 
     @classmethod
-    def from_config(cls, config: Any) -> GroupSettings:
+    def from_config(cls, config: GroupConfig) -> GroupSettings:
         return cls(
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,

@@ -3,7 +3,8 @@
 Every row names the state it starts in, the event, the exact group that results and the
 exact actions the coordinator must run. Rows whose actions persist the group are run the
 other way too: the stored form, loaded by a coordinator that takes the group over, gives
-back the same stored form (as Empty, or as Stable with the members and assignments).
+back the same stored form, and the group starts Empty, Stable, or (when the store says a
+rebalance was under way) rebalancing.
 """
 
 from __future__ import annotations
