@@ -142,18 +142,21 @@ def _after(frame: Frame, sent: int) -> Frame:
     return []
 
 
+def _unsupported(api_key: int, api_version: int, correlation_id: int) -> Frame:
+    """ApiVersions gets its v0 UNSUPPORTED_VERSION answer; any other API closes the
+    connection, as Kafka does."""
+    if api_key == api_versions.API_KEY:
+        return encode_response_parts(correlation_id, api_versions.unsupported_version_answer())
+    raise _Close(
+        eventlog.UNSUPPORTED_VERSION, f"{_request_name(api_key, api_version)} is not supported"
+    )
+
+
 async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Frame | None:
     try:
         request = decode_request(frame)
     except UnsupportedVersion as exc:
-        if exc.api_key == api_versions.API_KEY:
-            return encode_response_parts(
-                exc.correlation_id, api_versions.unsupported_version_answer()
-            )
-        raise _Close(
-            eventlog.UNSUPPORTED_VERSION,
-            f"{_request_name(exc.api_key, exc.api_version)} is not supported",
-        ) from None
+        return _unsupported(exc.api_key, exc.api_version, exc.correlation_id)
     except MalformedRequest as exc:
         what = _request_name(exc.api_key, exc.api_version)
         reason = str(exc) if what in str(exc) else f"{what}: {exc}"
@@ -161,14 +164,7 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Fr
     header, body = request.header, request.body
     api = REGISTRY.get(header.api_key)
     if api is None or not api.supports(header.api_version):
-        if header.api_key == api_versions.API_KEY:
-            return encode_response_parts(
-                header.correlation_id, api_versions.unsupported_version_answer()
-            )
-        raise _Close(
-            eventlog.UNSUPPORTED_VERSION,
-            f"{_request_name(header.api_key, header.api_version)} is not supported",
-        )
+        return _unsupported(header.api_key, header.api_version, header.correlation_id)
     ctx = RequestContext(
         agent, header.api_version, header.correlation_id, header.client_id, peer, turn
     )

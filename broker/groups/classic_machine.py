@@ -28,6 +28,11 @@ from typing import Generic, TypeVar, overload
 from kio.schema.errors import ErrorCode
 
 from broker.groups.classic import (
+    COMPLETING,
+    DEAD,
+    EMPTY,
+    PREPARING,
+    STABLE,
     VALID_PREVIOUS,
     ClassicGroup,
     GroupState,
@@ -44,13 +49,6 @@ from metadata import groups as groups_layer
 
 logger = logging.getLogger(__name__)
 
-EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (
-    GroupState.EMPTY,
-    GroupState.PREPARING_REBALANCE,
-    GroupState.COMPLETING_REBALANCE,
-    GroupState.STABLE,
-    GroupState.DEAD,
-)
 
 # -- events ------------------------------------------------------------------------------
 
