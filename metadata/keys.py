@@ -7,18 +7,27 @@ too unless noted.
   (CLUSTER, "id")                                  cluster id (utf-8 bytes)
   (CLUSTER, "next_producer_id")                    next producer id to hand out (tuple (n,))
   (CLUSTER, "next_node_id")                        next broker node id to hand out (tuple (n,))
+  (CLUSTER, "tally", name)                         a count kept by atomic adds (little-endian
+                                                    int64): objects, object_bytes, chunk_entries
   (NODE, "host:port")                              (node_id,) -- an address keeps its id
   (AGENT, node_id)                                 (host, port, rack, lease_expires_ms)
   (TOPIC_NAME, name)                               topic id (16 raw bytes)
   (TOPIC, topic_id)                                (name, partition count, created_ms)
   (TOPIC_CONFIG, topic_id, name)                   config value (utf-8 bytes)
-  (PARTITION, topic_id, partition)                 (high_watermark, log_start_offset)
+  (PARTITION, topic_id, partition)                 (high_watermark, log_start_offset,
+                                                    bytes of its chunk entries or None)
   (CHUNK, topic_id, partition, last_offset)        (object key, start, length, base_offset,
                                                     batch count, max_timestamp)
   (PRODUCER, producer_id)                          (epoch, transactional id or None)
   (PRODUCER_STATE, topic_id, partition, prod. id) (epoch, ((first_seq, last_seq,
                                                     base_offset), ...)) last five batches
-  (OBJECT, key)                                    (size, live chunk count, created_ms)
+  (OBJECT, key)                                    (size, live chunk count, created_ms,
+                                                    dead_since_ms or None)
+  (DEAD_OBJECT, due_ms, key)                       (size,) -- the deletion queue
+  (DELETED_TOPIC, topic_id)                        (partition count, deleted_ms): its chunk
+                                                    entries are still being dropped
+  (LEASE, job name)                                (node_id, expires_ms) of the agent that
+                                                    runs the job
   (GROUP, group_id)                                (protocol_type or None, protocol_name or
                                                     None, generation, leader or None, state,
                                                     state_timestamp_ms, revision)
@@ -63,6 +72,9 @@ CHUNK = 8
 PRODUCER = 9
 PRODUCER_STATE = 10
 OBJECT = 11
+DEAD_OBJECT = 12
+DELETED_TOPIC = 13
+LEASE = 14
 # 20-29: consumer groups
 GROUP = 20
 GROUP_MEMBER = 21

@@ -28,6 +28,9 @@ COMMIT_MARKER = 1
 class PartitionState:
     high_watermark: int
     log_start_offset: int
+    # Bytes of the partition's chunk entries; None for a partition stored before it was
+    # counted (metadata.lifecycle counts it when it needs it).
+    log_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +76,23 @@ def get_partition(
     raw = tr.get(sub.key(keys.PARTITION, topic_id, partition))
     if raw is None:
         return None
-    hwm, log_start = keys.unpack_value(raw)
-    return PartitionState(int(hwm), int(log_start))
+    values = keys.unpack_value(raw)
+    log_bytes = values[2] if len(values) > 2 else None
+    return PartitionState(
+        int(values[0]), int(values[1]), None if log_bytes is None else int(log_bytes)
+    )
 
 
-def _put_partition(
+def put_partition(
     tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, state: PartitionState
 ) -> None:
     tr.set(
         sub.key(keys.PARTITION, topic_id, partition),
-        keys.pack_value((state.high_watermark, state.log_start_offset)),
+        keys.pack_value((state.high_watermark, state.log_start_offset, state.log_bytes)),
     )
 
 
-def _entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
+def decode_entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
     last_offset = sub.unpack(key)[3]
     object_key, start, length, base, count, max_ts = keys.unpack_value(value)
     return ChunkEntry(
@@ -113,11 +119,11 @@ def read_chunks(
     begin = sub.key(keys.CHUNK, topic_id, partition, from_offset)
     rows = tr.get_range(begin, end, limit=limit)
     if max_bytes is None:
-        return [_entry(sub, k, v) for k, v in rows]
+        return [decode_entry(sub, k, v) for k, v in rows]
     out: list[ChunkEntry] = []
     after_first = 0
     for k, v in rows:
-        entry = _entry(sub, k, v)
+        entry = decode_entry(sub, k, v)
         out.append(entry)
         if len(out) > 1:
             after_first += entry.length
@@ -135,25 +141,27 @@ def _write_run(
     run: list[PendingBatch],
     next_offset: int,
 ) -> int:
-    """Write the chunk entry of a run of accepted batches ending just before next_offset."""
+    """Write the chunk entry of a run of accepted batches ending just before next_offset;
+    returns its length in bytes (0: no run, no entry)."""
     if not run:
         return 0
     first, last = run[0], run[-1]
     base_offset = next_offset - sum(b.last_offset_delta + 1 for b in run)
+    length = last.start + last.length - first.start
     tr.set(
         sub.key(keys.CHUNK, topic_id, partition, next_offset - 1),
         keys.pack_value(
             (
                 object_key,
                 first.start,
-                last.start + last.length - first.start,
+                length,
                 base_offset,
                 len(run),
                 max(b.max_timestamp for b in run),
             )
         ),
     )
-    return 1
+    return length
 
 
 def _check_in_transaction(
@@ -197,7 +205,16 @@ def commit_ingest(
     for i, batch in enumerate(batches):
         by_partition.setdefault((batch.topic_id, batch.partition), []).append(i)
 
-    live_chunks = 0
+    live_chunks = 0  # entries written, all partitions
+    added = 0  # bytes of the entries written for the partition at hand
+
+    def write_run(run: list[PendingBatch], topic_id: bytes, partition: int, hwm: int) -> None:
+        nonlocal live_chunks, added
+        length = _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
+        if length:
+            live_chunks += 1
+            added += length
+
     registered_cache: dict[int, producers.ProducerIdentity | None] = {}
     txn_cache: dict[str, txns.Txn | None] = {}
     for (topic_id, partition), indexes in by_partition.items():
@@ -207,6 +224,7 @@ def commit_ingest(
                 results[i] = AppendResult(ErrorCode.unknown_topic_or_partition)
             continue
         hwm = state.high_watermark
+        added = 0
         run: list[PendingBatch] = []
         producer_states: dict[int, producers.PartitionProducerState | None] = {}
         open_txns: dict[int, int | None] = {}
@@ -243,7 +261,7 @@ def commit_ingest(
                         tr, sub, registered_cache[pid], txn_cache, topic_id, partition
                     )
                 if check.error != ErrorCode.none or check.duplicate_of is not None:
-                    live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
+                    write_run(run, topic_id, partition, hwm)
                     run = []
                     results[i] = AppendResult(
                         check.error,
@@ -261,22 +279,31 @@ def commit_ingest(
                         txns.mark_open(tr, sub, topic_id, partition, pid, hwm)
                         open_txns[pid] = hwm
             if run and run[-1].start + run[-1].length != batch.start:
-                live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
+                write_run(run, topic_id, partition, hwm)
                 run = []
             run.append(batch)
             results[i] = AppendResult(ErrorCode.none, hwm, state.log_start_offset)
             hwm += batch.last_offset_delta + 1
-        live_chunks += _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
+        write_run(run, topic_id, partition, hwm)
         if hwm != state.high_watermark:
-            _put_partition(
-                tr, sub, topic_id, partition, PartitionState(hwm, state.log_start_offset)
+            log_bytes = None if state.log_bytes is None else state.log_bytes + added
+            put_partition(
+                tr, sub, topic_id, partition, PartitionState(hwm, state.log_start_offset, log_bytes)
             )
         for pid, pstate in producer_states.items():
             if pstate is not None:
                 producers.store_partition_state(tr, sub, pid, topic_id, partition, pstate)
 
     if live_chunks:
+        # The object's record and the tallies (metadata.lifecycle).
         tr.set(
-            sub.key(keys.OBJECT, object_key), keys.pack_value((object_size, live_chunks, now_ms))
+            sub.key(keys.OBJECT, object_key),
+            keys.pack_value((object_size, live_chunks, now_ms, None)),
         )
+        for name, delta in (
+            ("objects", 1),
+            ("object_bytes", object_size),
+            ("chunk_entries", live_chunks),
+        ):
+            tr.add(sub.key(keys.CLUSTER, "tally", name), delta)
     return [r if r is not None else AppendResult(ErrorCode.unknown_server_error) for r in results]

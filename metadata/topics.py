@@ -98,29 +98,32 @@ def create_topic(
     for config_name, value in configs.items():
         tr.set(sub.key(keys.TOPIC_CONFIG, topic_id, config_name), value.encode())
     for p in range(partitions):
-        tr.set(sub.key(keys.PARTITION, topic_id, p), keys.pack_value((0, 0)))
+        tr.set(sub.key(keys.PARTITION, topic_id, p), keys.pack_value((0, 0, 0)))
     return topic
 
 
-def delete_topic(tr: Transaction, sub: keys.Subspace, name: str) -> bytes:
-    """Remove the topic and its log index; returns its id. Its objects stay in the object
-    store: nothing deletes objects yet."""
+def delete_topic(tr: Transaction, sub: keys.Subspace, name: str, now_ms: int = 0) -> bytes:
+    """Remove the topic; returns its id. Its chunk entries stay until
+    `metadata.lifecycle.reap_deleted_topic` drops them (and frees their objects) in
+    bounded steps: one transaction could not hold a large topic's index."""
     topic_id = tr.get(sub.key(keys.TOPIC_NAME, name))
     if topic_id is None:
         raise MetadataError(
             ErrorCode.unknown_topic_or_partition, "This server does not host this topic."
         )
+    raw = tr.get(sub.key(keys.TOPIC, topic_id))
+    partitions = int(keys.unpack_value(raw)[1]) if raw is not None else 0
     tr.clear(sub.key(keys.TOPIC_NAME, name))
     tr.clear(sub.key(keys.TOPIC, topic_id))
     for tag in (
         keys.TOPIC_CONFIG,
         keys.PARTITION,
-        keys.CHUNK,
         keys.PRODUCER_STATE,
         keys.TXN_OPEN,
         keys.ABORTED,
     ):
         tr.clear_range(*sub.range(tag, topic_id))
+    tr.set(sub.key(keys.DELETED_TOPIC, topic_id), keys.pack_value((partitions, now_ms)))
     return topic_id
 
 
@@ -143,7 +146,7 @@ def add_partitions(tr: Transaction, sub: keys.Subspace, name: str, count: int, *
     _name, _old, created = keys.unpack_value(raw)
     tr.set(sub.key(keys.TOPIC, topic.topic_id), keys.pack_value((name, count, created)))
     for p in range(topic.partitions, count):
-        tr.set(sub.key(keys.PARTITION, topic.topic_id, p), keys.pack_value((0, 0)))
+        tr.set(sub.key(keys.PARTITION, topic.topic_id, p), keys.pack_value((0, 0, 0)))
 
 
 def set_configs(

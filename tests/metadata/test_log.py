@@ -67,7 +67,7 @@ def test_offsets_are_dense_per_partition_and_runs_become_one_entry(kv, topic):
     results = commit(kv, [batch(topic, 0, 8, 1)], key="obj-2")
     assert results[0].base_offset == 8
     state = kv.transact_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
-    assert state == log.PartitionState(9, 0)
+    assert state == log.PartitionState(9, 0, 250)  # bytes of its three entries
     entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
     # batches at 8 (len 100) and 208 are not byte-contiguous: two entries in obj-1
     assert [(e.object_key, e.start, e.length, e.base_offset, e.last_offset) for e in entries] == [
