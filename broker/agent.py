@@ -19,6 +19,7 @@ from broker.config import BrokerConfig
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
+from broker.lifecycle import Lifecycle, LifecycleSettings
 from broker.memory import RequestMemory
 from broker.readahead import ReadAhead
 from broker.sync import Notifier
@@ -69,6 +70,8 @@ class Agent:
             self.notifier,
             flush_interval_ms=config.resolved_flush_interval_ms,
             flush_bytes=config.resolved_flush_bytes,
+            # An object the orphan sweep may delete must never be committed after.
+            max_commit_delay_ms=config.orphan_min_age_ms // 2,
         )
         self.node_id = -1
         self.cluster_id = ""
@@ -78,6 +81,16 @@ class Agent:
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
         self.groups = GroupCoordinator.for_agent(self)
+        self.lifecycle = Lifecycle(
+            self,
+            LifecycleSettings(
+                retention_check_interval_ms=config.log_retention_check_interval_ms,
+                delete_delay_ms=config.object_delete_delay_ms,
+                orphan_sweep_interval_ms=config.orphan_sweep_interval_ms,
+                orphan_min_age_ms=config.orphan_min_age_ms,
+            ),
+            forget_cached=self.cache.discard,
+        )
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Agent:

@@ -111,6 +111,31 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
     ("lease-ms", int, 10_000, "agent lease: how soon the others see this agent gone"),
     (
+        "log-retention-check-interval-ms",
+        _positive,
+        300_000,
+        "how often retention.ms and retention.bytes are applied (log.retention.check.interval.ms)",
+    ),
+    (
+        "object-delete-delay-ms",
+        _positive,
+        60_000,
+        "how long an object nothing refers to any more is kept before it is deleted, for"
+        " readers that looked it up just before (file.delete.delay.ms)",
+    ),
+    (
+        "orphan-sweep-interval-ms",
+        _positive,
+        600_000,
+        "how often the object store is listed for objects no metadata names",
+    ),
+    (
+        "orphan-min-age-ms",
+        _positive,
+        3_600_000,
+        "how old an object no metadata names must be before the sweep deletes it",
+    ),
+    (
         "group-min-session-timeout-ms",
         int,
         6_000,
@@ -179,6 +204,10 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         queued_max_request_bytes=args.queued_max_request_bytes,
         cache_bytes=args.cache_bytes,
         lease_ms=args.lease_ms,
+        log_retention_check_interval_ms=args.log_retention_check_interval_ms,
+        object_delete_delay_ms=args.object_delete_delay_ms,
+        orphan_sweep_interval_ms=args.orphan_sweep_interval_ms,
+        orphan_min_age_ms=args.orphan_min_age_ms,
         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
         group_max_session_timeout_ms=args.group_max_session_timeout_ms,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,

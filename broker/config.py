@@ -44,6 +44,11 @@ class BrokerConfig:
     queued_max_request_bytes: int = 256 * 1024 * 1024
     cache_bytes: int = 256 * 1024 * 1024
     lease_ms: int = 10_000
+    # The object lifecycle (broker.lifecycle), with Kafka's names where Kafka has one.
+    log_retention_check_interval_ms: int = 300_000
+    object_delete_delay_ms: int = 60_000  # Kafka: file.delete.delay.ms
+    orphan_sweep_interval_ms: int = 600_000
+    orphan_min_age_ms: int = 3_600_000
     # Consumer groups (Apache Kafka's group coordinator settings and defaults).
     group_min_session_timeout_ms: int = 6_000
     group_max_session_timeout_ms: int = 1_800_000

@@ -58,6 +58,7 @@ class _Flush:
     pending: list[PendingBatch]
     order: list[int]  # the buffer index of each pending batch
     committed: Promise[list[AppendResult]]  # resolved by the committer
+    uploaded_at: float = 0.0  # anyio.current_time() when its upload returned
 
 
 @dataclass(slots=True)
@@ -81,6 +82,7 @@ class IngestPipeline:
         flush_interval_ms: int,
         flush_bytes: int,
         max_concurrent_flushes: int = 8,
+        max_commit_delay_ms: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kv = kv
@@ -90,6 +92,7 @@ class IngestPipeline:
         self._notifier = notifier
         self._interval = flush_interval_ms / 1000
         self._flush_bytes = flush_bytes
+        self._max_commit_delay = None if max_commit_delay_ms is None else max_commit_delay_ms / 1000
         self._flush_slots = anyio.Semaphore(max_concurrent_flushes)
         self._clock = clock
         self._buffer: list[_Queued] = []
@@ -172,6 +175,7 @@ class IngestPipeline:
                 self.stats.flushes += 1
                 self.stats.batches += len(items)
                 self.stats.bytes += len(flush.data)
+                flush.uploaded_at = anyio.current_time()
                 self._hand_over(seq, flush)
                 committed = await flush.committed.wait()
                 for i, result in zip(flush.order, committed, strict=True):
@@ -202,10 +206,28 @@ class IngestPipeline:
                 self._next_commit += 1
                 if uploaded is not None:
                     group.append(uploaded)
+            group = self._within_commit_delay(group)
             if group:
                 await self._commit(group)
             else:
                 await self._uploaded_changed.wait()
+
+    def _within_commit_delay(self, group: list[_Flush]) -> list[_Flush]:
+        """The flushes still young enough to commit; the others are answered
+        KAFKA_STORAGE_ERROR and left to the orphan sweep (which may delete an object of
+        that age, so it must never be committed)."""
+        if self._max_commit_delay is None:
+            return group
+        now = anyio.current_time()
+        late = [f for f in group if now - f.uploaded_at > self._max_commit_delay]
+        for f in late:
+            logger.warning(
+                "not committing flush %s: uploaded %.0f s ago", f.key, now - f.uploaded_at
+            )
+            self.stats.failed_flushes += 1
+            self._cache.discard(f.key)
+            f.committed.set([AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending))
+        return [f for f in group if f not in late]
 
     async def _commit(self, group: list[_Flush]) -> None:
         """One metadata transaction for the group; then each flush has its results."""

@@ -16,14 +16,14 @@ from typing import Any
 
 import anyio
 
-from broker.context import AgentServices
+from broker.agent import Agent
 
 logger = logging.getLogger(__name__)
 
 INTERVAL_SECONDS = 1.0
 
 
-def snapshot(agent: AgentServices) -> dict[str, Any]:
+def snapshot(agent: Agent) -> dict[str, Any]:
     """Every counter of the agent, as plain JSON values."""
     return {
         "pipeline": dataclasses.asdict(agent.pipeline.stats),
@@ -34,6 +34,7 @@ def snapshot(agent: AgentServices) -> dict[str, Any]:
         "chunk_cache": dict(agent.chunks.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
         "connections": dict(agent.events.counts),
+        "lifecycle": dict(agent.lifecycle.stats),
         "request_memory": {
             "in_use": agent.request_memory.in_use,
             **agent.request_memory.stats,
@@ -52,7 +53,7 @@ def _write(path: str, body: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def stats_loop(agent: AgentServices, path: str, interval: float = INTERVAL_SECONDS) -> None:
+async def stats_loop(agent: Agent, path: str, interval: float = INTERVAL_SECONDS) -> None:
     """Write the counters to `path` every `interval` seconds while they change."""
     last: dict[str, Any] | None = None
     warned = False

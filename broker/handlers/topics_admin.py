@@ -17,6 +17,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from broker.admin import create_topic, topic_name_error
+from broker.agent import now_ms
 from broker.context import AgentServices, HandlerContext
 from broker.describe import ZERO_UUID
 from broker.entities import build
@@ -220,9 +221,10 @@ def _deleted(
 
 
 async def _delete_by_name(agent: AgentServices, name: str) -> dict[str, Any]:
+    now = now_ms()
     try:
         topic_id = await agent.kv.transact(
-            lambda tr: topics_layer.delete_topic(tr, agent.sub, name)
+            lambda tr: topics_layer.delete_topic(tr, agent.sub, name, now)
         )
     except MetadataError as exc:
         return _deleted(name, None, exc.error_code, exc.message or None)
@@ -232,11 +234,13 @@ async def _delete_by_name(agent: AgentServices, name: str) -> dict[str, Any]:
 
 
 async def _delete_by_id(agent: AgentServices, topic_id: uuid.UUID) -> dict[str, Any]:
+    now = now_ms()
+
     def txn(tr: Any) -> str:
         topic = topics_layer.get_topic_by_id(tr, agent.sub, topic_id.bytes)
         if topic is None:
             raise _fail(ErrorCode.unknown_topic_id, "This server does not host this topic ID.")
-        topics_layer.delete_topic(tr, agent.sub, topic.name)
+        topics_layer.delete_topic(tr, agent.sub, topic.name, now)
         return topic.name
 
     try:

@@ -240,3 +240,27 @@ async def test_a_flush_that_fails_before_its_upload_does_not_hold_back_the_next(
         (ErrorCode.none, 0),
     ]
     assert setup.values(0) == [b"one-0", b"two-0"]
+
+
+async def test_a_flush_uploaded_longer_ago_than_the_commit_delay_is_not_committed(
+    setup: Setup,
+) -> None:
+    # The first upload is slow; the second is done at once and waits for its turn longer
+    # than the pipeline may commit an object after its upload (an orphan sweep may delete
+    # an object that old, so it must never become part of the log).
+    setup.store.before_put = lambda n: time.sleep(0.6 if n == 1 else 0)
+    pipeline = setup.pipeline(flush_interval_ms=1, flush_bytes=1, max_commit_delay_ms=300)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        first = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"slow"))
+        await anyio.sleep(0.05)
+        second = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"late"))
+        results = [await first.wait(), await second.wait()]
+        third = await append_all(pipeline, setup.topic.topic_id, [(0, b"after")])
+        tg.cancel_scope.cancel()
+    assert [(r.error, r.base_offset) for r in results + third] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.kafka_storage_error, -1),
+        (ErrorCode.none, 1),
+    ]
+    assert setup.values(0) == [b"slow-0", b"after-0"]
