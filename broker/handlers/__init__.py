@@ -59,6 +59,7 @@ _MODULES = (
     "describe_groups",
     "delete_groups",
     "offset_delete",
+    "delete_records",
 )
 
 

@@ -241,6 +241,47 @@ def test_get_offsets(bootstrap):
     assert offsets("--time", "-3") == {"0": 9, "1": 3}
 
 
+def test_delete_records(bootstrap, tmp_path):
+    topic = create_topic(bootstrap, unique_topic("tools-delete-records"), 2)
+    produce(
+        bootstrap,
+        topic,
+        [(p, BASE_TS + i, None, b"x", ()) for p in (0, 1) for i in range(6)],
+    )
+    offsets_file = tmp_path / "offsets.json"
+    offsets_file.write_text(
+        '{"version": 1, "partitions": ['
+        f'{{"topic": "{topic}", "partition": 0, "offset": 4}}, '
+        f'{{"topic": "{topic}", "partition": 1, "offset": -1}}]}}'
+    )
+    out = run_tool(
+        "kafka-delete-records",
+        "--bootstrap-server",
+        bootstrap,
+        "--offset-json-file",
+        str(offsets_file),
+    ).stdout
+    assert f"partition: {topic}-0\tlow_watermark: 4" in out, out
+    assert f"partition: {topic}-1\tlow_watermark: 6" in out, out
+    earliest = run_tool(
+        "kafka-get-offsets", "--bootstrap-server", bootstrap, "--topic", topic, "--time", "-2"
+    ).stdout.split()
+    assert sorted(earliest) == [f"{topic}:0:4", f"{topic}:1:6"]
+    # Past the high watermark: the tool reports Kafka's error for the partition.
+    offsets_file.write_text(
+        f'{{"version": 1, "partitions": [{{"topic": "{topic}", "partition": 0, "offset": 99}}]}}'
+    )
+    failed = run_tool(
+        "kafka-delete-records",
+        "--bootstrap-server",
+        bootstrap,
+        "--offset-json-file",
+        str(offsets_file),
+        check=False,
+    )
+    assert "OffsetOutOfRangeException" in failed.stdout + failed.stderr, failed
+
+
 def test_producer_and_consumer_perf_tools(bootstrap):
     topic = create_topic(bootstrap, unique_topic("tools-perf"), 3)
     records = 20_000

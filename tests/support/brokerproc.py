@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -13,7 +14,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
@@ -94,8 +97,18 @@ class StoreChoice:
     s3_endpoint_url: str | None = None
     unavailable: str | None = None  # why the chosen stores cannot run here: skip
 
+    @staticmethod
+    def tag(data_dir: Path) -> str:
+        return "e2e-" + hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+
+    def storage_url(self, data_dir: Path) -> str:
+        """The object store a broker on data_dir uses (unless a test passes --storage)."""
+        if self.s3_endpoint_url:
+            return f"s3://{TEST_BUCKET}/{self.tag(data_dir)}"
+        return "file://" + str(Path(data_dir).resolve() / "objects")
+
     def args(self, data_dir: Path) -> list[str]:
-        tag = "e2e-" + hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+        tag = self.tag(data_dir)
         args: list[str] = []
         if self.fdb_cluster_file:
             args += ["--metadata", f"fdb://{self.fdb_cluster_file}?prefix={tag}"]
@@ -144,6 +157,7 @@ class BrokerProcess:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    stores: StoreChoice = field(default_factory=StoreChoice)
 
     @property
     def bootstrap(self) -> str:
@@ -154,7 +168,7 @@ class BrokerProcess:
         return list(range(self.port, self.port + self.agents))
 
     def start(self) -> BrokerProcess:
-        stores = _stores
+        stores = self.stores = _stores
         if stores.unavailable:
             pytest.skip(stores.unavailable)
         self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
@@ -180,6 +194,46 @@ class BrokerProcess:
         for port in self.ports:
             wait_for_port(port, proc=self.proc)
         return self
+
+    def object_keys(self, prefix: str = "") -> list[str]:
+        """The keys of the objects in the broker's object store, read from the test."""
+        from storage.objectstore import open_store
+
+        store = open_store(
+            self.stores.storage_url(self.data_dir), s3_endpoint_url=self.stores.s3_endpoint_url
+        )
+
+        async def listed() -> list[str]:
+            try:
+                return [info.key for info in await store.list(prefix)]
+            finally:
+                await store.aclose()
+
+        return anyio.run(listed)
+
+    def put_object(self, key: str, data: bytes) -> None:
+        """Write an object into the broker's object store behind its back."""
+        from storage.objectstore import open_store
+
+        store = open_store(
+            self.stores.storage_url(self.data_dir), s3_endpoint_url=self.stores.s3_endpoint_url
+        )
+
+        async def put() -> None:
+            try:
+                await store.put(key, data)
+            finally:
+                await store.aclose()
+
+        anyio.run(put)
+
+    def stats(self, port: int | None = None) -> dict[str, Any]:
+        """The agent's counters as of their last write to its stats file (each second)."""
+        path = self.data_dir / f"stats-{port or self.port}.json"
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return {}
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
