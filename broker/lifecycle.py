@@ -33,6 +33,7 @@ from typing import Protocol
 
 import anyio
 
+from broker import faults
 from metadata import keys, leases
 from metadata import lifecycle as lifecycle_layer
 from metadata import topics as topics_layer
@@ -184,6 +185,8 @@ class Lifecycle:
             )
             dropped += step.dropped
             self.stats["entries_dropped"] += step.dropped
+            if step.dropped:
+                faults.point("retention.after_step")
             if not step.more:
                 return dropped
 
@@ -218,7 +221,9 @@ class Lifecycle:
             )
             if not due:
                 break
+            faults.point("gc.before_delete")
             gone = await self._delete_objects([d.object_key for d in due])
+            faults.point("gc.after_delete")  # deleted from the store, still queued
             forgotten = [d for d in due if d.object_key in gone]
             if forgotten:
                 await agent.kv.transact(
