@@ -15,6 +15,8 @@ Rules:
 - A batch occupies ``12 + batchLength`` bytes. The CRC32C covers attributes
   to the end of the batch, so baseOffset, batchLength and the leader epoch can
   be rewritten without recomputing it (``set_base_offset``, ``rebase_parts``).
+  Stamping a batch LOG_APPEND_TIME changes attributes and maxTimestamp, and so
+  the CRC (``set_log_append_time`` in place, ``with_log_append_time`` on a copy).
   A batch takes ``lastOffsetDelta + 1`` offsets.
 - Attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
   4 zstd), bit 3 timestamp type (1 = LOG_APPEND_TIME), bit 4 transactional,
@@ -91,6 +93,7 @@ __all__ = [
     "set_log_append_time",
     "validate_batches",
     "validate_produce_records",
+    "with_log_append_time",
 ]
 
 BytesLike: TypeAlias = bytes | bytearray | memoryview
@@ -463,6 +466,20 @@ def set_log_append_time(buffer: bytearray | memoryview, position: int, timestamp
     _I16.pack_into(buffer, position + 21, batch.attributes | _TIMESTAMP_TYPE_MASK)
     _I64.pack_into(buffer, position + 35, timestamp)
     _U32.pack_into(buffer, position + 17, batch.compute_crc())
+
+
+def with_log_append_time(batch: RecordBatchView, timestamp: int) -> RecordBatchView:
+    """A copy of ``batch`` made a LOG_APPEND_TIME batch stamped ``timestamp`` (ms), as
+    Kafka's LogValidator stamps a batch for a topic with message.timestamp.type
+    LogAppendTime; ``batch`` itself is left alone.
+
+    Only the header changes (attributes, maxTimestamp, CRC): Kafka rewrites neither
+    the records' timestamp deltas nor compressed records, since readers give every
+    record of such a batch its maxTimestamp.
+    """
+    buffer = bytearray(batch.data)
+    set_log_append_time(buffer, 0, timestamp)
+    return RecordBatchView(buffer)
 
 
 def rebase_batches(

@@ -30,6 +30,7 @@ from protocol.records import (
     set_log_append_time,
     validate_batches,
     validate_produce_records,
+    with_log_append_time,
 )
 
 with warnings.catch_warnings():
@@ -177,6 +178,45 @@ def test_set_log_append_time_rewrites_in_place() -> None:
     assert view.timestamp_type == 1
     assert view.compression == Compression.LZ4
     assert [r.timestamp for r in iter_records(view)] == [T0 + 12345] * len(RECORDS)
+
+
+# The header bytes a LOG_APPEND_TIME rewrite may change: crc, attributes, maxTimestamp.
+REWRITTEN = {*range(17, 23), *range(35, 43)}
+
+
+@pytest.mark.parametrize("codec", list(Compression), ids=lambda c: Compression(c).name.lower())
+def test_with_log_append_time_rewrites_the_header_of_a_copy(codec: int) -> None:
+    original = build_batch(
+        RECORDS,
+        compression=codec,
+        producer_id=4000,
+        producer_epoch=3,
+        base_sequence=17,
+        transactional=True,
+    )
+    source = bytearray(original)  # writable, as a copy would be
+    [view] = validate_batches(source)
+    stamped = with_log_append_time(view, T0 + 12345)
+
+    assert stamped.attributes == view.attributes | 0x08  # compression and transactional kept
+    assert (stamped.timestamp_type, stamped.compression) == (1, codec)
+    assert stamped.is_transactional
+    assert stamped.max_timestamp == T0 + 12345
+    assert stamped.base_timestamp == view.base_timestamp == T0 + 50
+    assert stamped.crc_valid and stamped.crc != view.crc
+    [checked] = validate_batches(bytes(stamped.data))
+    assert checked.timestamp_type == 1
+    # Only the crc, attributes and maxTimestamp change; the records are the same bytes.
+    assert len(stamped.data) == len(original)
+    changed = {i for i in range(HEADER_SIZE) if stamped.data[i] != original[i]}
+    assert changed <= REWRITTEN, sorted(changed)
+    assert bytes(stamped.records_data) == original[HEADER_SIZE:]
+    assert source == original  # the batch it was given is left alone
+    records = list(iter_records(stamped))
+    assert records == [
+        Record(r.offset_delta, T0 + 12345, r.key, r.value, r.headers)
+        for r in expected_records(RECORDS)
+    ]
 
 
 def test_control_batch() -> None:
