@@ -68,6 +68,7 @@ class AppendResult:
     error: ErrorCode
     base_offset: int = -1
     log_start_offset: int = -1
+    duplicate: bool = False  # a producer's retry, answered with the original's offsets
 
 
 def get_partition(
@@ -267,6 +268,7 @@ def commit_ingest(
                         check.error,
                         check.duplicate_of if check.duplicate_of is not None else -1,
                         state.log_start_offset,
+                        duplicate=check.duplicate_of is not None,
                     )
                     continue
                 producer_states[pid] = producers.record_append(

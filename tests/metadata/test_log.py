@@ -116,9 +116,9 @@ def test_idempotent_duplicate_is_answered_with_the_original_offset(kv, topic):
     pid = new_producer(kv)
     commit(kv, [batch(topic, 0, 0, 1)])  # someone else's record first
     (first,) = commit(kv, [batch(topic, 0, 0, 4, pid=pid, epoch=0, seq=0)], key="o2")
-    assert (first.error, first.base_offset) == (ErrorCode.none, 1)
+    assert (first.error, first.base_offset, first.duplicate) == (ErrorCode.none, 1, False)
     (retry,) = commit(kv, [batch(topic, 0, 0, 4, pid=pid, epoch=0, seq=0)], key="o3")
-    assert (retry.error, retry.base_offset) == (ErrorCode.none, 1)
+    assert (retry.error, retry.base_offset, retry.duplicate) == (ErrorCode.none, 1, True)
     state = kv.transact_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
     assert state.high_watermark == 5  # the retry took no offsets
     (nxt,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=4)], key="o4")
@@ -135,10 +135,10 @@ def test_duplicate_inside_one_flush_is_stored_once(kv, topic):
             batch(topic, 0, 200, 2, pid=pid, epoch=0, seq=2),
         ],
     )
-    assert [(r.error, r.base_offset) for r in results] == [
-        (ErrorCode.none, 0),
-        (ErrorCode.none, 0),
-        (ErrorCode.none, 2),
+    assert [(r.error, r.base_offset, r.duplicate) for r in results] == [
+        (ErrorCode.none, 0, False),
+        (ErrorCode.none, 0, True),
+        (ErrorCode.none, 2, False),
     ]
     entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
     assert [(e.start, e.length, e.base_offset) for e in entries] == [(0, 100, 0), (200, 100, 2)]
