@@ -73,7 +73,9 @@ from .compression import Compression, compress, decompress
 from .errors import RecordBatchError
 
 __all__ = [
+    "CREATE_TIME",
     "HEADER_SIZE",
+    "LOG_APPEND_TIME",
     "LOG_OVERHEAD",
     "ControlRecordType",
     "Record",

@@ -4,10 +4,18 @@ Checks before queueing, each answered on its partition as Apache Kafka does: unk
 topic or partition, exactly one magic-2 batch (INVALID_RECORD), CRC (CORRUPT_MESSAGE),
 size against max.message.bytes (MESSAGE_TOO_LARGE), no control batches from clients.
 Records are never decoded here.
+
+A topic whose message.timestamp.type is LogAppendTime gets each batch stamped with the
+broker's clock as it is queued, as Kafka's LogValidator stamps it: a copy of the batch
+with the LOG_APPEND_TIME bit, that time as maxTimestamp and a new CRC. The answer's
+log_append_time is that time (-1 on CreateTime topics, whose batches stay views of the
+request). A producer's own LOG_APPEND_TIME batch is refused there with INVALID_TIMESTAMP.
+The config is read per request, so a change applies to the batches produced after it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -17,24 +25,53 @@ from broker.entities import build
 from broker.handlers import api, response_class
 from broker.sync import Promise
 from metadata.log import AppendResult
-from protocol.records import RecordBatchError, validate_produce_records
+from protocol.records import (
+    LOG_APPEND_TIME,
+    RecordBatchError,
+    RecordBatchView,
+    validate_produce_records,
+    with_log_append_time,
+)
+
+# One partition's batch that passed the checks: key, topic id, partition, records, their
+# view, and whether the topic's message.timestamp.type is LogAppendTime.
+_Queued = tuple[tuple[str, int], bytes, int, bytes | memoryview, RecordBatchView, bool]
 
 API_KEY = 0
 VALID_ACKS = (-1, 0, 1)
+NO_TIMESTAMP = -1
 
 
 def _partition_answer(
-    index: int, result: AppendResult, message: str | None = None
+    index: int,
+    result: AppendResult,
+    message: str | None = None,
+    log_append_time: int = NO_TIMESTAMP,
 ) -> dict[str, Any]:
     return {
         "index": index,
         "error_code": result.error,
         "base_offset": result.base_offset,
-        "log_append_time": -1,
+        "log_append_time": log_append_time,
         "log_start_offset": result.log_start_offset,
         "record_errors": [],
         "error_message": message,
     }
+
+
+def _invalid_timestamp(index: int, record_count: int) -> dict[str, Any]:
+    """Kafka's answer to a producer's LOG_APPEND_TIME batch for a LogAppendTime topic
+    (LogValidator.validateTimestamp): every record is in error."""
+    answer = _partition_answer(
+        index,
+        AppendResult(ErrorCode.invalid_timestamp),
+        "One or more records have been rejected due to invalid timestamp",
+    )
+    reason = "Producer should not set timestamp type to LogAppendTime."
+    answer["record_errors"] = [
+        {"batch_index": i, "batch_index_error_message": reason} for i in range(record_count)
+    ]
+    return answer
 
 
 @api(API_KEY, 3, 11, advertised_min=0)
@@ -42,7 +79,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     answers: dict[tuple[str, int], dict[str, Any]] = {}
     order: list[tuple[str, int]] = []
-    queued: list[tuple[tuple[str, int], bytes, int, bytes | memoryview, Any]] = []
+    queued: list[_Queued] = []
 
     # This request holds its connection's turn until its batches are queued: a producer's
     # pipelined requests reach the log in the order it sent them.
@@ -50,6 +87,10 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     for topic_data in request.topic_data:
         name = topic_data.name
         topic = await agent.topic(name)
+        max_bytes, log_append_time = 0, False
+        if topic is not None:
+            max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
+            log_append_time = agent.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
         for pdata in topic_data.partition_data:
             key = (name, pdata.index)
             order.append(key)
@@ -59,7 +100,6 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 )
                 continue
             records = pdata.records or b""
-            max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
             try:
                 view = validate_produce_records(records, ctx.api_version, max_bytes)
                 if view.is_transactional and view.producer_id < 0:
@@ -72,11 +112,11 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 )
                 continue
             # A view of the request frame (see protocol.produce): copied once, into
-            # the flush's object.
-            queued.append((key, topic.topic_id, pdata.index, records, view))
+            # the flush's object. A batch to be stamped is copied before that, below.
+            queued.append((key, topic.topic_id, pdata.index, records, view, log_append_time))
 
     # Kafka answers bad partitions first, and then judges what is left as a whole.
-    transactional = any(view.is_transactional for *_rest, view in queued)
+    transactional = any(view.is_transactional for *_rest, view, _stamp in queued)
     if transactional and request.transactional_id is None:
         code = ErrorCode.transactional_id_authorization_failed
         for key in order:
@@ -86,12 +126,28 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         for key, *_rest in queued:
             answers[key] = _partition_answer(key[1], AppendResult(ErrorCode.invalid_required_acks))
         queued = []
-    for key, topic_id, partition, data, view in queued:
+    # What is left is appended, and stamped first where the topic says so (Kafka's
+    # LogValidator takes the time for each partition it validates).
+    stamped: dict[tuple[str, int], int] = {}
+    for key, topic_id, partition, data, view, log_append_time in queued:
+        if log_append_time:
+            if view.timestamp_type == LOG_APPEND_TIME:
+                answers[key] = _invalid_timestamp(partition, view.record_count)
+                continue
+            stamped[key] = now_ms = int(time.time() * 1000)
+            view = with_log_append_time(view, now_ms)
+            data = view.data
         promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view)))
     ctx.end_turn()
 
     for key, promise in promises:
-        answers[key] = _partition_answer(key[1], await promise.wait())
+        result = await promise.wait()
+        stamp = NO_TIMESTAMP
+        # A retry was stamped when it was first appended, not now: Kafka answers that time
+        # from its producer state, which here keeps no timestamps.
+        if key in stamped and result.error == ErrorCode.none and not result.duplicate:
+            stamp = stamped[key]
+        answers[key] = _partition_answer(key[1], result, None, stamp)
 
     if request.acks == 0:
         return None
