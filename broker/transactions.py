@@ -21,7 +21,7 @@ from broker.context import AgentServices
 from metadata import cluster, groups, producers, txns
 from metadata import log as log_layer
 from metadata.errors import MetadataError
-from protocol.records import build_batch, end_txn_marker
+from protocol.records import RecordBatchView, build_batch, end_txn_marker, with_log_append_time
 from storage.ingest import encode_ingest_file, new_object_key
 
 logger = logging.getLogger(__name__)
@@ -81,11 +81,25 @@ async def _write_markers(
         producer_epoch=txn.epoch,
     )
     partitions = list(txn.partitions)
+    # Kafka's coordinator appends markers through the LogValidator that stamps produced
+    # batches: on a LogAppendTime topic a marker is a LOG_APPEND_TIME batch too.
+    stamped_marker = with_log_append_time(RecordBatchView(marker), now).data
+    stamped_topics: set[bytes] = set()
+    for tid in {tid for tid, _p in partitions}:
+        topic = await agent.topic_by_id(tid)
+        if topic is not None:
+            if agent.topic_config(topic, "message.timestamp.type") == "LogAppendTime":
+                stamped_topics.add(tid)
     object_key = ""
     pending: list[log_layer.PendingBatch] = []
     size = 0
     if partitions:
-        data, locations = encode_ingest_file([(tid, p, [marker]) for tid, p in partitions])
+        data, locations = encode_ingest_file(
+            [
+                (tid, p, [stamped_marker if tid in stamped_topics else marker])
+                for tid, p in partitions
+            ]
+        )
         object_key = new_object_key()
         await agent.store.put(object_key, data, if_absent=True)
         agent.cache.put(object_key, data)

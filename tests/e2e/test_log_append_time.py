@@ -324,6 +324,38 @@ def test_retried_batch_keeps_its_first_stamp(broker):
         assert batch.max_timestamp == stamp
 
 
+def test_transaction_markers_are_stamped_too(broker):
+    """Kafka's coordinator appends its commit and abort markers through the same
+    LogValidator: on a LogAppendTime topic they are LOG_APPEND_TIME batches."""
+    from confluent_kafka import Producer
+
+    appended = create_topic(broker, "lat-txn", APPEND)
+    created = create_topic(broker, "lat-txn-create", {})
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "transactional.id": f"lat-{appended}"}
+    )
+    producer.init_transactions(15)
+    start = now_ms()
+    for commit in (True, False):
+        producer.begin_transaction()
+        for topic in (appended, created):
+            producer.produce(topic, value=b"v", timestamp=BASE_TS)
+        producer.flush(15)
+        if commit:
+            producer.commit_transaction(15)
+        else:
+            producer.abort_transaction(15)
+    end = now_ms()
+    with WireClient(broker.bootstrap) as client:
+        for topic, stamped in ((appended, True), (created, False)):
+            batches = list(iter_batches(fetch(client, topic, 0, 0).records))
+            kinds = [(b.is_control, b.timestamp_type) for b in batches]
+            assert kinds == [(False, int(stamped)), (True, int(stamped))] * 2, topic
+            assert all(batch.crc_valid for batch in batches)
+            if stamped:
+                assert all(start <= batch.max_timestamp <= end for batch in batches)
+
+
 # -- ListOffsets -------------------------------------------------------------------------------
 
 
