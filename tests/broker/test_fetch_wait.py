@@ -33,10 +33,10 @@ RECORD = (None, b"value", [], 1_700_000_000_000)
 
 
 @asynccontextmanager
-async def running_agent(tmp_path: Path) -> AsyncIterator[Agent]:
+async def running_agent(tmp_path: Path, **config: Any) -> AsyncIterator[Agent]:
     """An agent with a topic of one partition, its produce pipeline running."""
     load_all()
-    agent = Agent.open(BrokerConfig(data_dir=str(tmp_path), flush_interval_ms=1))
+    agent = Agent.open(BrokerConfig(data_dir=str(tmp_path), flush_interval_ms=1, **config))
     await agent.register()
     topic_id = uuid.uuid4().bytes
     await agent.kv.transact(
@@ -175,3 +175,30 @@ async def _fetch_while_deleting(agent: Agent, version: int, code: ErrorCode) -> 
     assert partition.error_code == code
     assert (partition.high_watermark, partition.log_start_offset) == (-1, -1)
     assert _offsets(answer) == []
+
+
+async def test_a_fetch_that_looked_the_index_up_before_retention_still_gets_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """Retention drops the entry and the object is queued for deletion between the Fetch's
+    index lookup and its read of the bytes: the delete delay keeps the object, so the
+    Fetch answers its records; the next Fetch from there is out of range."""
+    # No object cache: the bytes come from the store.
+    async with running_agent(tmp_path, cache_bytes=0) as agent:
+        await _append(agent, b"one")
+        topic = await agent.topic(TOPIC, fresh=True)
+        assert topic is not None
+
+        async def expire() -> None:
+            dropped = await agent.lifecycle.retain(topic.topic_id, 0, 0, -1)
+            assert dropped == 1
+            assert await agent.lifecycle.gc_pass() == 0  # the object is not due yet
+
+        request = await _fetch_request(agent, 12, 0, 1)
+        _after_first_read(agent, expire)
+        answer = await fetch.handle(request, _context(agent, 12))
+        assert _offsets(answer) == [0]
+        again = await fetch.handle(await _fetch_request(agent, 12, 0, 1), _context(agent, 12))
+        partition = again.responses[0].partitions[0]
+        assert partition.error_code == ErrorCode.offset_out_of_range
+        assert (partition.log_start_offset, partition.high_watermark) == (1, 1)
