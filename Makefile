@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 
-.PHONY: run test lint unit kcat maven jars clean bench
+.PHONY: run test lint unit kcat maven jars clean bench soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,9 +54,18 @@ test: $(STAMP) kcat jars lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e --object-store s3
 
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench]'
+	touch $(BENCH_STAMP)
+
 # Apache Kafka vs bucketlog on this machine (~15 min); not part of `make test`.
-bench: $(STAMP)
+bench: $(BENCH_STAMP) jars
 	$(BIN)/python integration/bench/run.py
+
+# Retention, garbage collection and compaction under 20 minutes of steady load, with a plot.
+soak: $(BENCH_STAMP) jars
+	$(BIN)/python integration/bench/soak.py
 
 clean:
 	rm -rf $(VENV) bucketlog-data

@@ -212,9 +212,10 @@ class Kafka(System):
 
 
 class Bucketlog(System):
-    def __init__(self, agents: int) -> None:
+    def __init__(self, agents: int, extra_args: list[str] | None = None) -> None:
         self.name = f"bucketlog-{agents}"
         self.agents = agents
+        self.extra_args = list(extra_args or [])
         self.dir = Path(tempfile.mkdtemp(prefix="bench-bucketlog-"))
         self.port = free_port()
         while any(not port_free(self.port + i) for i in range(agents)):
@@ -239,6 +240,7 @@ class Bucketlog(System):
                 str(self.dir / "data"),
                 "--log-level",
                 "WARNING",
+                *self.extra_args,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,361 @@
+"""Soak: steady produce into a topic with a short retention, for long enough that
+retention, garbage collection and compaction reach a steady state; then a catch-up read.
+
+    .venv/bin/python integration/bench/soak.py --minutes 20 --label soak
+
+What it does, on one bucketlog agent (the embedded stores, or BENCH_BUCKETLOG):
+
+1. measures the agent's maximum produce rate into the topic's partitions for a short
+   while, and produces at `--fraction` of it (default half) from then on, in one-minute
+   runs of Apache Kafka's ProducerPerformance (acks=all), back to back, so that each
+   minute has its own latency percentiles;
+2. every `--sample-s` seconds records: objects and bytes in the store (listed), chunk
+   entries and objects as the metadata counts them, the metadata file's size, the
+   lifecycle's and compaction's counters, and the agent's CPU seconds;
+3. at the end reads the retained range from the earliest offset with ConsumerPerformance
+   (a catch-up read: GETs per GB and MB/s), and, for comparison, the same amount of data
+   freshly written (read from the agent's cache);
+4. writes `results/<date>-<label>.json`, a markdown table and a PNG plot of it all.
+
+Targets (issue: the log's second half): objects, bytes and chunk entries flat once
+retention is reached, bytes <= 1.3 x rate x retention; the catch-up read <= 20 GETs per
+GB and at least as fast as reading fresh data; produce p99 with compaction <= 1.2 x
+without (run once with `--agent-arg=--compaction=false` and compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run as bench  # noqa: E402  (the harness's helpers: systems, tools, counters)
+
+MB = 1_000_000
+
+
+def store_listing(system: bench.Bucketlog) -> tuple[int, int]:
+    """(objects, bytes) in the agent's local object store."""
+    root = system.dir / "data" / "objects"
+    count = size = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if name.startswith("."):
+                continue  # a write in progress
+            try:
+                size += os.path.getsize(os.path.join(folder, name))
+                count += 1
+            except OSError:
+                pass
+    return count, size
+
+
+def metadata_bytes(system: bench.Bucketlog) -> int:
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        path = system.dir / "data" / f"metadata.db{suffix}"
+        if path.exists():
+            total += path.stat().st_size
+    return total
+
+
+def agent_stats(system: bench.Bucketlog) -> dict[str, Any]:
+    path = system.dir / "data" / f"stats-{system.port}.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+class Sampler:
+    """Samples the agent every interval on a thread of its own."""
+
+    def __init__(self, system: bench.Bucketlog, interval_s: float) -> None:
+        self.system = system
+        self.interval_s = interval_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._start = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.sample())
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> dict[str, Any]:
+        objects, size = store_listing(self.system)
+        stats = agent_stats(self.system)
+        lifecycle = stats.get("lifecycle", {})
+        return {
+            "t_s": round(time.monotonic() - self._start, 1),
+            "store_objects": objects,
+            "store_bytes": size,
+            "chunk_entries": lifecycle.get("cluster_chunk_entries"),
+            "metadata_bytes": metadata_bytes(self.system),
+            "cpu_s": round(bench.tree_cpu_seconds(self.system.root_pid), 2),
+            "lifecycle": lifecycle,
+            "compaction": stats.get("compaction", {}),
+            "store": stats.get("store", {}),
+        }
+
+
+def produce_for(
+    system: bench.Bucketlog, topic: str, minutes: float, records_s: int, log: Any
+) -> list[dict[str, Any]]:
+    """One-minute ProducerPerformance runs at records_s until `minutes` have passed."""
+    runs = []
+    end = time.monotonic() + minutes * 60
+    while time.monotonic() < end:
+        started = time.monotonic()
+        result = bench.producer_perf(system.bootstrap, topic, records_s * 60, "none", records_s)
+        result["t_end_s"] = round(time.monotonic(), 1)
+        result["wall_s"] = round(time.monotonic() - started, 1)
+        runs.append(result)
+        log(f"minute {len(runs)}: {result['mb_s']:.1f} MB/s, p99 {result['p99_ms']} ms")
+    return runs
+
+
+def catch_up(system: bench.Bucketlog, topic: str, records: int) -> dict[str, Any]:
+    """ConsumerPerformance from the earliest offset; GETs and CPU per GB of it."""
+    return bench.measure(
+        system,
+        records * bench.RECORD_SIZE / MB,
+        lambda: bench.consumer_perf(system.bootstrap, topic, records),
+    )
+
+
+def retained_records(bootstrap: str, topic: str, partitions: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "soak-offsets"})
+    total = 0
+    for p in range(partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        total += high - low
+    consumer.close()
+    return total
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = report["samples"]
+    minutes = [s["t_s"] / 60 for s in samples]
+    fig, axes = plt.subplots(3, 2, figsize=(12, 10), sharex=True)
+    retention_mb = report["settings"]["rate_mb_s"] * report["settings"]["retention_ms"] / 1000
+
+    def draw(ax: Any, values: list[Any], title: str, limit: float | None = None) -> None:
+        ax.plot(minutes, values)
+        if limit is not None:
+            ax.axhline(limit, color="red", linestyle="--", linewidth=1)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+
+    draw(axes[0][0], [s["store_objects"] for s in samples], "objects in the store")
+    draw(
+        axes[0][1],
+        [s["store_bytes"] / MB for s in samples],
+        "MB in the store (red: 1.3 x rate x retention)",
+        1.3 * retention_mb,
+    )
+    draw(axes[1][0], [s["chunk_entries"] or 0 for s in samples], "chunk-index entries")
+    draw(axes[1][1], [s["metadata_bytes"] / MB for s in samples], "metadata file MB")
+    cpu = [s["cpu_s"] for s in samples]
+    rate = [0.0] + [
+        (cpu[i] - cpu[i - 1]) / max(0.001, samples[i]["t_s"] - samples[i - 1]["t_s"])
+        for i in range(1, len(cpu))
+    ]
+    draw(axes[2][0], rate, "agent CPU (cores)")
+    produce = report["produce_runs"]
+    start = report["produce_started_monotonic"]
+    axes[2][1].plot(
+        [(r["t_end_s"] - start) / 60 for r in produce], [r["p99_ms"] for r in produce], marker="o"
+    )
+    axes[2][1].set_title("produce p99 ms, per minute")
+    axes[2][1].grid(True, alpha=0.3)
+    for ax in axes[2]:
+        ax.set_xlabel("minutes")
+    fig.suptitle(f"soak: {report['label']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        f"# Soak {report['date']} ({report['label']})",
+        "",
+        f"Machine: {report['machine']}",
+        "",
+        f"Settings: {s['partitions']} partitions, retention.ms {s['retention_ms']}, "
+        f"{s['rate_mb_s']:.1f} MB/s ({s['records_s']} records/s of {bench.RECORD_SIZE} B, "
+        f"{s['fraction']} of the {s['max_mb_s']:.1f} MB/s measured), {s['minutes']} minutes; "
+        f"agent arguments: {' '.join(s['agent_args'])}",
+        "",
+        "| minute | MB in store | objects | chunk entries | metadata MB | CPU s (total) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for sample in report["samples"][:: max(1, round(60 / s["sample_s"]))]:
+        lines.append(
+            f"| {sample['t_s'] / 60:.1f} | {sample['store_bytes'] / MB:.1f} | "
+            f"{sample['store_objects']} | {sample['chunk_entries']} | "
+            f"{sample['metadata_bytes'] / MB:.1f} | {sample['cpu_s']} |"
+        )
+    produce = report["produce_runs"]
+    lines += [
+        "",
+        "| produce, per minute | p50 ms | p99 ms | max ms | MB/s |",
+        "|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(produce, 1):
+        lines.append(f"| {i} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['mb_s']:.1f} |")
+    lines += [
+        "",
+        f"Produce p99, median of the minutes: {statistics.median(r['p99_ms'] for r in produce)} ms.",
+        "",
+        "| read | MB/s | GETs | GETs per GB | agent CPU s per GB |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ("catch_up", "fresh"):
+        r = report[name]
+        lines.append(
+            f"| {name.replace('_', '-')} ({r['records']:.0f} records) | {r['mb_s']:.1f} | "
+            f"{r['gets']} | {r['gets_per_gb']} | {r['broker_cpu_s_per_gb']} |"
+        )
+    last = report["samples"][-1]
+    lines += [
+        "",
+        f"At the end: {last['store_bytes'] / MB:.1f} MB in the store against "
+        f"1.3 x rate x retention = {1.3 * s['rate_mb_s'] * s['retention_ms'] / 1000:.1f} MB.",
+        "",
+        f"Lifecycle counters at the end: {json.dumps(last['lifecycle'])}",
+        "",
+        f"Compaction counters at the end: {json.dumps(last['compaction'])}",
+        "",
+        f"![soak]({report['png']})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=20)
+    parser.add_argument("--partitions", type=int, default=64)
+    parser.add_argument("--retention-ms", type=int, default=300_000)
+    parser.add_argument("--fraction", type=float, default=0.5)
+    parser.add_argument("--sample-s", type=float, default=10)
+    parser.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        help="an argument for the agent (repeat); the defaults below come first",
+    )
+    parser.add_argument("--label", default="soak")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args()
+
+    # Lifecycle checks often enough for a retention of minutes (defaults are Kafka's).
+    agent_args = [
+        "--log-retention-check-interval-ms",
+        "15000",
+        "--object-delete-delay-ms",
+        "60000",
+        *args.agent_arg,
+    ]
+
+    def log(line: str) -> None:
+        print(f"[{datetime.datetime.now():%H:%M:%S}] {line}", flush=True)
+
+    started = datetime.datetime.now(datetime.UTC)
+    system = bench.Bucketlog(1, agent_args)
+    system.start()
+    try:
+        probe = "soak-probe"
+        bench.create_topic(system.bootstrap, probe, args.partitions)
+        max_run = bench.producer_perf(system.bootstrap, probe, 200_000, "none")
+        records_s = int(max_run["records_s"] * args.fraction)
+        log(f"max {max_run['mb_s']:.1f} MB/s; producing {records_s} records/s")
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        topic = "soak"
+        admin = AdminClient({"bootstrap.servers": system.bootstrap})
+        admin.create_topics(
+            [NewTopic(topic, args.partitions, 1, config={"retention.ms": str(args.retention_ms)})]
+        )[topic].result(30)
+        admin.delete_topics([probe])[probe].result(30)
+        sampler = Sampler(system, args.sample_s)
+        sampler.start()
+        produce_started = time.monotonic()
+        runs = produce_for(system, topic, args.minutes, records_s, log)
+        retained = retained_records(system.bootstrap, topic, args.partitions)
+        log(f"catch-up read of {retained} records")
+        caught_up = catch_up(system, topic, retained)
+        fresh_topic = "soak-fresh"
+        bench.create_topic(system.bootstrap, fresh_topic, args.partitions)
+        fresh_records = min(retained, 300_000)
+        bench.producer_perf(system.bootstrap, fresh_topic, fresh_records, "none")
+        fresh = catch_up(system, fresh_topic, fresh_records)
+        sampler.stop()
+    finally:
+        system.stop()
+
+    stem = started.strftime("%Y-%m-%d") + f"-{args.label}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = bench.machine()
+    report = {
+        "date": started.isoformat(timespec="seconds"),
+        "label": args.label,
+        "machine": (
+            f"{machine['nproc']} cores ({machine['cpu_model']}), {machine['memory_gb']} GB, "
+            f"Linux {machine['kernel']}, Python {machine['python']}"
+        ),
+        "settings": {
+            "partitions": args.partitions,
+            "retention_ms": args.retention_ms,
+            "fraction": args.fraction,
+            "max_mb_s": max_run["mb_s"],
+            "records_s": records_s,
+            "rate_mb_s": records_s * bench.RECORD_SIZE / MB,
+            "minutes": args.minutes,
+            "sample_s": args.sample_s,
+            "agent_args": agent_args,
+        },
+        "produce_started_monotonic": produce_started,
+        "produce_runs": runs,
+        "samples": sampler.samples,
+        "catch_up": caught_up,
+        "fresh": fresh,
+        "png": f"{stem}.png",
+    }
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, out / f"{stem}.png")
+    (out / f"{stem}.md").write_text(markdown(report))
+    log(f"wrote {out / stem}.md, .json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
