@@ -22,7 +22,17 @@ too unless noted.
   (PRODUCER_STATE, topic_id, partition, prod. id) (epoch, ((first_seq, last_seq,
                                                     base_offset), ...)) last five batches
   (OBJECT, key)                                    (size, live chunk count, created_ms,
-                                                    dead_since_ms or None)
+                                                    dead_since_ms or None, level or None)
+  (OBJECT_CHUNK, key, topic_id, partition, last)   (start, length, base_offset, batch count,
+                                                    max_timestamp) -- a chunk entry naming the
+                                                    object, found by object (the reverse of
+                                                    CHUNK, written and cleared with it)
+  (L0_OBJECT, created_ms, key)                     (node_id, claim_expires_ms) or () -- a
+                                                    level-0 object with live entries, waiting
+                                                    for compaction; a claim while a job has it
+  (L1_PARTITION, topic_id, partition)              (bytes, objects, first_offset, node_id,
+                                                    claim_expires_ms) -- a partition with
+                                                    entries in level-1 objects, waiting for L2
   (DEAD_OBJECT, due_ms, key)                       (size,) -- the deletion queue
   (DELETED_TOPIC, topic_id)                        (partition count, deleted_ms): its chunk
                                                     entries are still being dropped
@@ -48,6 +58,10 @@ too unless noted.
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
+
+An object's level (metadata.compaction) is 0 for an ingest file, 1 or 2 for the output of
+a compaction; an OBJECT record written before levels existed has none (4 fields): its
+object has no OBJECT_CHUNK rows and is never compacted.
 
 Consumer groups (tags 20-29, see metadata/groups.py): a group's `revision` grows by one with
 every write of the group, so a coordinator that read revision r can tell that another
@@ -75,6 +89,9 @@ OBJECT = 11
 DEAD_OBJECT = 12
 DELETED_TOPIC = 13
 LEASE = 14
+OBJECT_CHUNK = 15
+L0_OBJECT = 16
+L1_PARTITION = 17
 # 20-29: consumer groups
 GROUP = 20
 GROUP_MEMBER = 21

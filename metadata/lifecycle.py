@@ -3,14 +3,17 @@
 Rules:
 
 - Every object that ever held committed chunk entries has an (OBJECT, key) record: its
-  size, how many chunk entries still name it, when it was made, and since when nothing
-  names it (None while something does). `log.commit_ingest` writes it.
+  size, how many chunk entries still name it, when it was made, since when nothing
+  names it (None while something does), and its level (0 for an ingest file, 1 or 2 for
+  a compaction's output, None for a record written before levels). `log.commit_ingest`
+  and `metadata.compaction` write it.
 - A chunk entry is removed only here (`drop_entry`), which counts its object down. At
   zero the object goes on the dead queue, (DEAD_OBJECT, due_ms, key), due one delete
   delay later, so that a reader who looked the index up just before still gets its
-  bytes. Its OBJECT record stays until the object is gone from the store: an object
-  without a record is an orphan (an upload whose commit never came), one with a record is
-  either referenced or queued, and the orphan sweep leaves it alone.
+  bytes (a level-0 object also leaves the compaction queue). Its OBJECT record stays
+  until the object is gone from the store: an object without a record is an orphan (an
+  upload whose commit never came), one with a record is either referenced or queued, and
+  the orphan sweep leaves it alone.
 - An object's key is never used again, so a queued object is never referenced again.
 - A partition's log start offset only moves forward, and never past its high
   watermark. Entries wholly below it are no longer readable and are dropped in bounded
@@ -30,7 +33,15 @@ from kio.schema.errors import ErrorCode
 from metadata import keys
 from metadata.errors import MetadataError
 from metadata.kv import ReadTransaction, Transaction, decode_i64
-from metadata.log import ChunkEntry, PartitionState, decode_entry, get_partition, put_partition
+from metadata.log import (
+    INGEST_LEVEL,
+    ChunkEntry,
+    PartitionState,
+    clear_entry,
+    decode_entry,
+    get_partition,
+    put_partition,
+)
 
 # Chunk entries one step reads or drops at most: a few hundred KB of keys and values.
 STEP_ENTRIES = 1000
@@ -58,6 +69,7 @@ class ObjectRecord:
     live_entries: int
     created_ms: int
     dead_since_ms: int | None
+    level: int | None = None  # None: written before levels, never compacted
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +98,27 @@ def get_object(tr: ReadTransaction, sub: keys.Subspace, object_key: str) -> Obje
     values = keys.unpack_value(raw)
     size, live, created = (int(v) for v in values[:3])
     dead_since = values[3] if len(values) > 3 else None
-    return ObjectRecord(size, live, created, None if dead_since is None else int(dead_since))
+    level = values[4] if len(values) > 4 else None
+    return ObjectRecord(
+        size,
+        live,
+        created,
+        None if dead_since is None else int(dead_since),
+        None if level is None else int(level),
+    )
 
 
 def put_object(tr: Transaction, sub: keys.Subspace, object_key: str, record: ObjectRecord) -> None:
     tr.set(
         sub.key(keys.OBJECT, object_key),
         keys.pack_value(
-            (record.size, record.live_entries, record.created_ms, record.dead_since_ms)
+            (
+                record.size,
+                record.live_entries,
+                record.created_ms,
+                record.dead_since_ms,
+                record.level,
+            )
         ),
     )
 
@@ -112,13 +137,17 @@ def unreference(
         return  # written before objects had records, or already queued and deleted
     live = max(0, record.live_entries - count)
     if live == 0 and record.dead_since_ms is None:
-        record = ObjectRecord(record.size, 0, record.created_ms, now_ms)
+        record = ObjectRecord(record.size, 0, record.created_ms, now_ms, record.level)
         tr.set(
             sub.key(keys.DEAD_OBJECT, now_ms + delete_delay_ms, object_key),
             keys.pack_value((record.size,)),
         )
+        if record.level == INGEST_LEVEL:
+            tr.clear(sub.key(keys.L0_OBJECT, record.created_ms, object_key))
     else:
-        record = ObjectRecord(record.size, live, record.created_ms, record.dead_since_ms)
+        record = ObjectRecord(
+            record.size, live, record.created_ms, record.dead_since_ms, record.level
+        )
     put_object(tr, sub, object_key, record)
 
 
@@ -164,7 +193,7 @@ def drop_entry(
     now_ms: int,
     delete_delay_ms: int,
 ) -> None:
-    tr.clear(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset))
+    clear_entry(tr, sub, topic_id, partition, entry)
     tally(tr, sub, "chunk_entries", -1)
     unreference(tr, sub, entry.object_key, 1, now_ms, delete_delay_ms)
 

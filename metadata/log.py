@@ -6,6 +6,10 @@ producer sequence, gives accepted batches dense offsets from the watermark, writ
 chunk entry per run of byte-contiguous accepted batches and advances the watermark. A
 rejected batch keeps its bytes in the object but gets no offsets and no entry.
 
+A chunk entry is written and cleared only with `put_entry` and `clear_entry`, which keep
+its copy in the object's reverse index (OBJECT_CHUNK) with it. The ingest file is a
+level-0 object (`INGEST_LEVEL`), queued for compaction (L0_OBJECT) from its commit on.
+
 Offsets never move backwards: the watermark only grows, and it is read from the store.
 """
 
@@ -22,6 +26,7 @@ from metadata.kv import ReadTransaction, Transaction
 NOT_CONTROL = -1
 ABORT_MARKER = 0
 COMMIT_MARKER = 1
+INGEST_LEVEL = 0  # the level of an ingest file (metadata.compaction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,63 @@ def decode_entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
     )
 
 
+def put_entry(
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
+) -> None:
+    """Write a chunk entry and its copy in the reverse index of its object."""
+    tr.set(
+        sub.key(keys.CHUNK, topic_id, partition, entry.last_offset),
+        keys.pack_value(
+            (
+                entry.object_key,
+                entry.start,
+                entry.length,
+                entry.base_offset,
+                entry.batch_count,
+                entry.max_timestamp,
+            )
+        ),
+    )
+    tr.set(
+        sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset),
+        keys.pack_value(
+            (entry.start, entry.length, entry.base_offset, entry.batch_count, entry.max_timestamp)
+        ),
+    )
+
+
+def clear_entry(
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
+) -> None:
+    """Remove a chunk entry and its copy in the reverse index."""
+    tr.clear(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset))
+    tr.clear(sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset))
+
+
+def object_entries(
+    tr: ReadTransaction, sub: keys.Subspace, object_key: str, limit: int = 0
+) -> list[tuple[bytes, int, ChunkEntry]]:
+    """(topic id, partition, entry) of the chunk entries naming the object, from its
+    reverse index, in (topic, partition, offset) order. Empty for an object committed
+    before the reverse index existed."""
+    begin, end = sub.range(keys.OBJECT_CHUNK, object_key)
+    out = []
+    for key, value in tr.get_range(begin, end, limit=limit):
+        _tag, _object, topic_id, partition, last_offset = sub.unpack(key)
+        start, length, base, count, max_ts = keys.unpack_value(value)
+        entry = ChunkEntry(
+            object_key,
+            int(start),
+            int(length),
+            int(base),
+            int(last_offset),
+            int(count),
+            int(max_ts),
+        )
+        out.append((bytes(topic_id), int(partition), entry))
+    return out
+
+
 def read_chunks(
     tr: ReadTransaction,
     sub: keys.Subspace,
@@ -149,19 +211,16 @@ def _write_run(
     first, last = run[0], run[-1]
     base_offset = next_offset - sum(b.last_offset_delta + 1 for b in run)
     length = last.start + last.length - first.start
-    tr.set(
-        sub.key(keys.CHUNK, topic_id, partition, next_offset - 1),
-        keys.pack_value(
-            (
-                object_key,
-                first.start,
-                length,
-                base_offset,
-                len(run),
-                max(b.max_timestamp for b in run),
-            )
-        ),
+    entry = ChunkEntry(
+        object_key,
+        first.start,
+        length,
+        base_offset,
+        next_offset - 1,
+        len(run),
+        max(b.max_timestamp for b in run),
     )
+    put_entry(tr, sub, topic_id, partition, entry)
     return length
 
 
@@ -297,11 +356,13 @@ def commit_ingest(
                 producers.store_partition_state(tr, sub, pid, topic_id, partition, pstate)
 
     if live_chunks:
-        # The object's record and the tallies (metadata.lifecycle).
+        # The object's record and the tallies (metadata.lifecycle); it waits for
+        # compaction (metadata.compaction).
         tr.set(
             sub.key(keys.OBJECT, object_key),
-            keys.pack_value((object_size, live_chunks, now_ms, None)),
+            keys.pack_value((object_size, live_chunks, now_ms, None, INGEST_LEVEL)),
         )
+        tr.set(sub.key(keys.L0_OBJECT, now_ms, object_key), keys.pack_value(()))
         for name, delta in (
             ("objects", 1),
             ("object_bytes", object_size),

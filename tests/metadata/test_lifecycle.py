@@ -62,7 +62,7 @@ def _due(kv: KV, now: int) -> list[tuple[int, str]]:
 def test_commits_count_each_objects_entries_and_each_partitions_bytes(kv):
     topic = _topic(kv)
     _append(kv, topic, "a", {0: [(2, 10), (3, 20)], 1: [(1, 10)]})
-    assert _object(kv, "a") == lifecycle.ObjectRecord(303, 3, 1, None)
+    assert _object(kv, "a") == lifecycle.ObjectRecord(303, 3, 1, None, 0)
     assert _state(kv, topic, 0) == log.PartitionState(5, 0, 200)
     assert _state(kv, topic, 1) == log.PartitionState(1, 0, 100)
 
@@ -82,14 +82,14 @@ def test_delete_records_moves_the_log_start_and_drops_whole_entries_below_it(kv)
     assert _state(kv, topic) == log.PartitionState(5, 3, 100)
     assert _entries(kv, topic) == [("b", 2, 4)]
     # a still holds partition 1's entry: not queued.
-    assert _object(kv, "a") == lifecycle.ObjectRecord(202, 1, 1, None)
+    assert _object(kv, "a") == lifecycle.ObjectRecord(202, 1, 1, None, 0)
     # Never backwards.
     assert delete_records(1).log_start_offset == 3
     assert _state(kv, topic).log_start_offset == 3
     # -1 is the high watermark; b goes now, and is queued for deletion one delay later.
     assert delete_records(-1, now=2000).log_start_offset == 5
     assert _entries(kv, topic) == []
-    assert _object(kv, "b") == lifecycle.ObjectRecord(101, 0, 1, 2000)
+    assert _object(kv, "b") == lifecycle.ObjectRecord(101, 0, 1, 2000, 0)
     assert _due(kv, 2000 + DELAY - 1) == []
     assert _due(kv, 2000 + DELAY) == [(2000 + DELAY, "b")]
 
@@ -218,7 +218,7 @@ def test_a_deleted_topics_entries_are_dropped_in_steps_and_shared_objects_stay(k
     assert rounds == 2  # 11 entries, 4 a step
     assert kv.transact_sync(lambda tr: lifecycle.deleted_topics(tr, SUB)) == []
     assert sorted(k for _d, k in _due(kv, 10**12)) == [f"g{i}" for i in range(5)]
-    assert _object(kv, "shared") == lifecycle.ObjectRecord(201, 1, 1, None)
+    assert _object(kv, "shared") == lifecycle.ObjectRecord(201, 1, 1, None, 0)
     assert _entries(kv, kept) == [("shared", 0, 0)]
 
 
@@ -266,3 +266,57 @@ def test_tallies_count_objects_bytes_and_entries_until_they_go(kv):
     kv.transact_sync(lambda tr: lifecycle.forget_deleted(tr, SUB, due))
     tallies = kv.transact_sync(lambda tr: lifecycle.read_tallies(tr, SUB))
     assert tallies == {"objects": 1, "object_bytes": 303, "chunk_entries": 1}
+
+
+def _reverse(kv: KV, key: str) -> list[tuple[int, int, int]]:
+    """(partition, base, last) of the entries the object's reverse index names."""
+    found = kv.transact_sync(lambda tr: log.object_entries(tr, SUB, key))
+    return [(p, e.base_offset, e.last_offset) for _t, p, e in found]
+
+
+def _queued_l0(kv: KV) -> list[str]:
+    rows = kv.transact_sync(lambda tr: tr.get_range(*SUB.range(keys.L0_OBJECT)))
+    return [str(SUB.unpack(k)[2]) for k, _v in rows]
+
+
+def test_the_reverse_index_and_the_compaction_queue_follow_the_entries(kv):
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(2, 10)], 1: [(1, 10)]})  # p0 0-1, p1 0
+    _append(kv, topic, "b", {0: [(3, 20)]})  # p0 2-4
+    assert _reverse(kv, "a") == [(0, 0, 1), (1, 0, 0)]
+    assert _reverse(kv, "b") == [(0, 2, 4)]
+    # The copy is the entry itself.
+    (entry,) = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 1, 0))
+    assert kv.transact_sync(lambda tr: log.object_entries(tr, SUB, "a"))[1] == (
+        topic.topic_id,
+        1,
+        entry,
+    )
+    assert _queued_l0(kv) == ["a", "b"]
+    # DeleteRecords drops a's p0 entry: a still holds p1's, so it stays queued.
+    kv.transact_sync(
+        lambda tr: lifecycle.advance_log_start(tr, SUB, topic.topic_id, 0, 2, 100, DELAY)
+    )
+    assert _reverse(kv, "a") == [(1, 0, 0)]
+    assert _queued_l0(kv) == ["a", "b"]
+    # Retention drops b's: b is dead, and leaves the queue with its reverse index.
+    _retain(kv, topic, now=10_000, retention_ms=10, retention_bytes=-1)
+    assert _reverse(kv, "b") == []
+    assert _queued_l0(kv) == ["a"]
+    # The topic is deleted: a goes too.
+    kv.transact_sync(lambda tr: topics.delete_topic(tr, SUB, "t", 500))
+    kv.transact_sync(
+        lambda tr: lifecycle.reap_deleted_topic(tr, SUB, topic.topic_id, 2, 600, DELAY)
+    )
+    assert _reverse(kv, "a") == []
+    assert _queued_l0(kv) == []
+
+
+def test_an_object_record_written_before_levels_has_none(kv):
+    kv.transact_sync(
+        lambda tr: tr.set(SUB.key(keys.OBJECT, "old"), keys.pack_value((10, 1, 5, None)))
+    )
+    assert _object(kv, "old") == lifecycle.ObjectRecord(10, 1, 5, None, None)
+    kv.transact_sync(lambda tr: lifecycle.unreference(tr, SUB, "old", 1, 50, DELAY))
+    assert _object(kv, "old") == lifecycle.ObjectRecord(10, 0, 5, 50, None)
+    assert _due(kv, 50 + DELAY) == [(50 + DELAY, "old")]
