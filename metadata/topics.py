@@ -121,13 +121,16 @@ def delete_topic(tr: Transaction, sub: keys.Subspace, name: str, now_ms: int = 0
         keys.PRODUCER_STATE,
         keys.TXN_OPEN,
         keys.ABORTED,
+        keys.L1_PARTITION,
     ):
         tr.clear_range(*sub.range(tag, topic_id))
     tr.set(sub.key(keys.DELETED_TOPIC, topic_id), keys.pack_value((partitions, now_ms)))
     return topic_id
 
 
-def add_partitions(tr: Transaction, sub: keys.Subspace, name: str, count: int, *, validate_only: bool = False) -> None:
+def add_partitions(
+    tr: Transaction, sub: keys.Subspace, name: str, count: int, *, validate_only: bool = False
+) -> None:
     topic = get_topic(tr, sub, name)
     if topic is None:
         raise MetadataError(
@@ -161,7 +164,9 @@ def set_configs(
             tr.set(key, value.encode())
 
 
-def replace_configs(tr: Transaction, sub: keys.Subspace, topic_id: bytes, configs: dict[str, str]) -> None:
+def replace_configs(
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, configs: dict[str, str]
+) -> None:
     """AlterConfigs semantics: the given set replaces every explicit config."""
     tr.clear_range(*sub.range(keys.TOPIC_CONFIG, topic_id))
     set_configs(tr, sub, topic_id, dict(configs))

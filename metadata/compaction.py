@@ -1,0 +1,513 @@
+"""Compaction in the metadata store: planning jobs, and committing them by re-pointing.
+
+Levels. An ingest file is level 0: it holds many partitions, a little of each. A level-1
+job merges up to `max_inputs` level-0 objects older than a minimum age into one object
+that holds, per partition, the batches of all its inputs in offset order. A level-2 job
+merges one partition's consecutive entries in level-1 objects into an object of that
+partition alone. Batches are copied byte for byte; no offset ever changes.
+
+Rules:
+
+- Jobs are planned from the metadata, never by listing the store: level-0 objects wait
+  in (L0_OBJECT, created_ms, key) by age, partitions with entries in level-1 objects in
+  (L1_PARTITION, topic, partition), and an object's entries are found in its reverse
+  index (OBJECT_CHUNK). Objects without a level (written before levels existed) have no
+  reverse index and are never picked.
+- A plan claims what it takes for `lease_ms` (the claim lives in the queue row), so that
+  jobs planned meanwhile take other inputs; once the claim expires (its agent died) any
+  agent may plan the inputs again. A claim only saves work: the commit checks all it
+  changes, so two jobs over the same entries commit at most once.
+- A plan is bounded: at most `max_inputs` objects, `max_bytes` of entries (what the job
+  reads and holds) and `max_entries` entries (what its commit clears and writes, so that
+  it fits FoundationDB's limits: < 10 MB, < 5 s).
+- `commit_job` is the one transaction that makes a job's output part of the logs. Only
+  if the topics still exist and every input entry is still exactly what the plan read
+  does it replace them with the output's entries, write the output's OBJECT record and
+  reverse index, and unreference each input by the entries it lost (so that an input
+  left with none goes to the dead queue). Otherwise nothing of the logs changes and the
+  output is recorded dead, due for deletion at once: no reader can know its key.
+- High watermarks, log start offsets, producer state, transactions and aborted markers
+  are never touched, nor a partition's byte count: the output's entries hold the same
+  bytes as the inputs' did. A commit reads no PARTITION key, so produce commits never
+  conflict with it.
+- Every function here is a pure transaction function: it may run more than once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from metadata import keys
+from metadata.kv import ReadTransaction, Transaction
+from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference
+from metadata.log import ChunkEntry, clear_entry, decode_entry, object_entries, put_entry
+
+L1 = 1
+L2 = 2
+NOBODY = -1  # the node id of an unclaimed row
+SCAN = 256  # queue rows (or entries) one plan looks at, at most
+PASSED_OVER = 8  # runs inside one object a level-2 plan passes over, at most
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_inputs: int = 32
+    max_bytes: int = 64 * 1024 * 1024
+    max_entries: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobEntry:
+    """A chunk entry of one partition, as a plan read it or a commit writes it."""
+
+    topic_id: bytes
+    partition: int
+    entry: ChunkEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one job merges: input entries in (topic, partition, offset) order."""
+
+    level: int  # the output's level
+    entries: tuple[JobEntry, ...]
+    queued: tuple[tuple[int, str], ...] = ()  # (created_ms, key) of level-0 inputs
+    partition: tuple[bytes, int] | None = None  # the partition of a level-2 job
+
+    @property
+    def input_keys(self) -> list[str]:
+        return list(dict.fromkeys(e.entry.object_key for e in self.entries))
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(e.entry.length for e in self.entries)
+
+    def partitions(self) -> list[tuple[bytes, int, list[ChunkEntry]]]:
+        """(topic id, partition, its entries in offset order), in (topic, partition) order."""
+        out: list[tuple[bytes, int, list[ChunkEntry]]] = []
+        for e in self.entries:
+            if not out or (out[-1][0], out[-1][1]) != (e.topic_id, e.partition):
+                out.append((e.topic_id, e.partition, []))
+            out[-1][2].append(e.entry)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    committed: bool
+    reason: str = ""  # why the job was dropped
+
+
+def _sorted(entries: list[JobEntry]) -> tuple[JobEntry, ...]:
+    return tuple(sorted(entries, key=lambda e: (e.topic_id, e.partition, e.entry.last_offset)))
+
+
+def _claimed(value: tuple[Any, ...], now_ms: int) -> bool:
+    """Whether a queue row's claim (node_id, expires_ms) holds at now_ms."""
+    return len(value) >= 2 and int(value[0]) != NOBODY and int(value[1]) > now_ms
+
+
+# -- level 0 -> level 1 -------------------------------------------------------------------
+
+
+def plan_l1(
+    tr: Transaction,
+    sub: keys.Subspace,
+    node_id: int,
+    now_ms: int,
+    min_age_ms: int,
+    limits: Limits,
+    lease_ms: int,
+) -> Plan | None:
+    """Claim the oldest unclaimed level-0 objects at least `min_age_ms` old that fit the
+    limits together (two at least: one alone gains nothing); None when there are not two.
+
+    An object that alone passes max_bytes or max_entries leaves the queue: it stays a
+    level-0 object until retention takes it.
+    """
+    begin, _end = sub.range(keys.L0_OBJECT)
+    end = sub.key(keys.L0_OBJECT, now_ms - min_age_ms + 1)
+    chosen: list[tuple[int, str, list[JobEntry]]] = []
+    total_bytes = total_entries = 0
+    for row_key, value in tr.get_range(begin, end, limit=SCAN):
+        if len(chosen) == limits.max_inputs:
+            break
+        if _claimed(keys.unpack_value(value), now_ms):
+            continue
+        _tag, created, object_key = sub.unpack(row_key)
+        found = [JobEntry(t, p, e) for t, p, e in object_entries(tr, sub, str(object_key))]
+        size = sum(e.entry.length for e in found)
+        if not found or size > limits.max_bytes or len(found) > limits.max_entries:
+            tr.clear(row_key)  # nothing left, or never fits a job
+            continue
+        if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:
+            continue  # may fit a later job
+        chosen.append((int(created), str(object_key), found))
+        total_bytes += size
+        total_entries += len(found)
+    if len(chosen) < 2:
+        return None
+    for created, object_key, _found in chosen:
+        tr.set(sub.key(keys.L0_OBJECT, created, object_key), _claim(node_id, now_ms, lease_ms))
+    return Plan(
+        L1,
+        _sorted([e for _c, _k, found in chosen for e in found]),
+        queued=tuple((created, key) for created, key, _found in chosen),
+    )
+
+
+def _claim(node_id: int, now_ms: int, lease_ms: int) -> bytes:
+    return keys.pack_value((node_id, now_ms + lease_ms))
+
+
+# -- level 1 -> level 2 -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _L1Row:
+    """(L1_PARTITION, topic, partition): roughly what of the partition waits in level 1
+    (retention may have taken some since; a plan reads the entries themselves)."""
+
+    size: int  # bytes
+    objects: int
+    first_offset: int
+    node_id: int = NOBODY
+    expires_ms: int = 0
+
+    def pack(self) -> bytes:
+        return keys.pack_value(
+            (self.size, self.objects, self.first_offset, self.node_id, self.expires_ms)
+        )
+
+    @staticmethod
+    def unpack(raw: bytes) -> _L1Row:
+        return _L1Row(*(int(v) for v in keys.unpack_value(raw)))
+
+
+def _entries_from(
+    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int, offset: int
+) -> Iterator[ChunkEntry]:
+    """The partition's entries holding offsets >= offset, a page at a time."""
+    _begin, end = sub.range(keys.CHUNK, topic_id, partition)
+    begin = sub.key(keys.CHUNK, topic_id, partition, offset)
+    while True:
+        rows = tr.get_range(begin, end, limit=SCAN)
+        for key, value in rows:
+            yield decode_entry(sub, key, value)
+        if len(rows) < SCAN:
+            return
+        begin = rows[-1][0] + b"\x00"
+
+
+def _level_one_run(
+    tr: ReadTransaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    first_offset: int,
+    limits: Limits,
+    max_span_ms: int | None,
+) -> tuple[list[ChunkEntry], bool]:
+    """The first run of consecutive entries in level-1 objects from first_offset on,
+    within the limits and, by their timestamps, max_span_ms; and whether an entry after
+    it ends it (False: the partition's entries ran out, a later one may extend it)."""
+    levels: dict[str, int | None] = {}
+    run: list[ChunkEntry] = []
+    run_bytes = 0
+    objects: set[str] = set()
+    lowest_ts = highest_ts = 0
+    skipped = 0
+    for entry in _entries_from(tr, sub, topic_id, partition, first_offset):
+        key = entry.object_key
+        if key not in levels:
+            record = get_object(tr, sub, key)
+            levels[key] = None if record is None else record.level
+        if levels[key] != L1:
+            if run:
+                return run, True
+            skipped += 1
+            if skipped > SCAN:
+                break  # level-1 entries this far on are for a later plan
+            continue
+        if run:
+            span = max(highest_ts, entry.max_timestamp) - min(lowest_ts, entry.max_timestamp)
+            if (
+                entry.base_offset != run[-1].last_offset + 1
+                or run_bytes + entry.length > limits.max_bytes
+                or len(run) == limits.max_entries
+                or (key not in objects and len(objects) == limits.max_inputs)
+                or (max_span_ms is not None and span > max_span_ms)
+            ):
+                return run, True
+        else:
+            lowest_ts = highest_ts = entry.max_timestamp
+        run.append(entry)
+        run_bytes += entry.length
+        objects.add(key)
+        lowest_ts = min(lowest_ts, entry.max_timestamp)
+        highest_ts = max(highest_ts, entry.max_timestamp)
+    return run, False
+
+
+def plan_l2(
+    tr: Transaction,
+    sub: keys.Subspace,
+    node_id: int,
+    now_ms: int,
+    limits: Limits,
+    lease_ms: int,
+    max_span_ms: Mapping[bytes, int] | None = None,
+) -> Plan | None:
+    """Claim one partition whose level-1 entries hold max_bytes or come from max_inputs
+    objects, and plan its first run of consecutive level-1 entries (those of two objects
+    at least; a run inside one object is read in one piece already, and is passed over).
+
+    `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
+    that retention by time never waits long for the rest of an object). None when no
+    partition has such a run.
+    """
+    spans = max_span_ms or {}
+    begin, end = sub.range(keys.L1_PARTITION)
+    for row_key, value in tr.get_range(begin, end, limit=SCAN):
+        row = _L1Row.unpack(value)
+        if row.node_id != NOBODY and row.expires_ms > now_ms:
+            continue
+        if row.size < limits.max_bytes and row.objects < limits.max_inputs:
+            continue
+        _tag, topic_id, partition = sub.unpack(row_key)
+        topic_id, partition = bytes(topic_id), int(partition)
+        offset = row.first_offset
+        for _ in range(PASSED_OVER):
+            span = spans.get(topic_id)
+            run, ended = _level_one_run(tr, sub, topic_id, partition, offset, limits, span)
+            if not run:
+                tr.clear(row_key)  # nothing (left) in level 1: the row was stale
+                break
+            if len({e.object_key for e in run}) >= 2:
+                claimed = _L1Row(
+                    row.size, row.objects, run[0].base_offset, node_id, now_ms + lease_ms
+                )
+                tr.set(row_key, claimed.pack())
+                return Plan(
+                    L2,
+                    tuple(JobEntry(topic_id, partition, e) for e in run),
+                    partition=(topic_id, partition),
+                )
+            run_bytes = sum(e.length for e in run)
+            if not ended:
+                # The partition's last level-1 entries, in one object: they wait for the
+                # next level-1 objects of the partition.
+                tr.set(row_key, _L1Row(run_bytes, 1, run[0].base_offset).pack())
+                break
+            # A run inside one object that can grow no more: passed over for good.
+            row = _L1Row(row.size - run_bytes, row.objects - 1, run[-1].last_offset + 1)
+            if row.objects <= 0 or row.size <= 0:
+                tr.clear(row_key)
+                break
+            tr.set(row_key, row.pack())
+            offset = row.first_offset
+    return None
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def output_entries(
+    plan: Plan, object_key: str, chunk_starts: Sequence[int], entry_bytes: int
+) -> list[JobEntry]:
+    """The entries of a job's output object.
+
+    The object holds one chunk per partition, in `plan.partitions()` order, starting at
+    `chunk_starts`: the bytes of that partition's input entries back to back in offset
+    order. Consecutive input entries (by offset) become one entry while it holds at most
+    entry_bytes (an input entry larger than that stays whole).
+    """
+    out: list[JobEntry] = []
+    partitions = plan.partitions()
+    if len(chunk_starts) != len(partitions):
+        raise ValueError(f"{len(chunk_starts)} chunks for {len(partitions)} partitions")
+    for (topic_id, partition, entries), position in zip(partitions, chunk_starts, strict=True):
+        for group in _runs(entries, entry_bytes):
+            length = sum(e.length for e in group)
+            entry = ChunkEntry(
+                object_key,
+                position,
+                length,
+                group[0].base_offset,
+                group[-1].last_offset,
+                sum(e.batch_count for e in group),
+                max(e.max_timestamp for e in group),
+            )
+            out.append(JobEntry(topic_id, partition, entry))
+            position += length
+    return out
+
+
+def _runs(entries: list[ChunkEntry], entry_bytes: int) -> list[list[ChunkEntry]]:
+    """Entries (in offset order) in groups of consecutive offsets, each group at most
+    entry_bytes (or one entry, larger)."""
+    groups: list[list[ChunkEntry]] = []
+    size = 0
+    for entry in entries:
+        if (
+            groups
+            and entry.base_offset == groups[-1][-1].last_offset + 1
+            and size + entry.length <= entry_bytes
+        ):
+            groups[-1].append(entry)
+            size += entry.length
+        else:
+            groups.append([entry])
+            size = entry.length
+    return groups
+
+
+def _check_output(plan: Plan, outputs: Sequence[JobEntry]) -> None:
+    """The output must hold exactly the inputs' offsets and bytes, partition by partition."""
+
+    def summary(entries: Sequence[JobEntry]) -> Counter[tuple[bytes, int, str]]:
+        counts: Counter[tuple[bytes, int, str]] = Counter()
+        for e in entries:
+            counts[(e.topic_id, e.partition, "bytes")] += e.entry.length
+            counts[(e.topic_id, e.partition, "offsets")] += (
+                e.entry.last_offset - e.entry.base_offset + 1
+            )
+            counts[(e.topic_id, e.partition, "batches")] += e.entry.batch_count
+        return counts
+
+    if summary(plan.entries) != summary(outputs):
+        raise ValueError("a compaction's output entries do not hold its inputs")
+
+
+# -- commit -------------------------------------------------------------------------------
+
+
+def _changed(tr: ReadTransaction, sub: keys.Subspace, plan: Plan) -> str | None:
+    """Why the plan no longer holds (None: every input entry is as it read it)."""
+    topics: dict[bytes, bool] = {}
+    for topic_id, partition, entries in plan.partitions():
+        if topic_id not in topics:
+            topics[topic_id] = tr.get(sub.key(keys.TOPIC, topic_id)) is not None
+        if not topics[topic_id]:
+            return f"topic {topic_id.hex()} was deleted"
+        begin = sub.key(keys.CHUNK, topic_id, partition, entries[0].last_offset)
+        end = sub.key(keys.CHUNK, topic_id, partition, entries[-1].last_offset) + b"\x00"
+        found = {}
+        for key, value in tr.get_range(begin, end):
+            entry = decode_entry(sub, key, value)
+            found[entry.last_offset] = entry
+        for entry in entries:
+            if found.get(entry.last_offset) != entry:
+                return (
+                    f"the entry of offsets {entry.base_offset}-{entry.last_offset} of "
+                    f"partition {partition} changed"
+                )
+    return None
+
+
+def release(tr: Transaction, sub: keys.Subspace, plan: Plan, node_id: int) -> None:
+    """Give up the plan's claims (a job that failed or was dropped): its inputs may be
+    planned again at once."""
+    for created, object_key in plan.queued:
+        row_key = sub.key(keys.L0_OBJECT, created, object_key)
+        raw = tr.get(row_key)
+        if raw is not None and keys.unpack_value(raw)[:1] == (node_id,):
+            tr.set(row_key, keys.pack_value(()))
+    if plan.partition is not None:
+        row_key = sub.key(keys.L1_PARTITION, *plan.partition)
+        raw = tr.get(row_key)
+        if raw is not None:
+            row = _L1Row.unpack(raw)
+            if row.node_id == node_id:
+                tr.set(row_key, _L1Row(row.size, row.objects, row.first_offset).pack())
+
+
+def discard_output(
+    tr: Transaction, sub: keys.Subspace, object_key: str, size: int, level: int, now_ms: int
+) -> None:
+    """An uploaded output that will never be committed: record it dead and due for
+    deletion now (nothing ever named it), rather than leave it to the orphan sweep."""
+    put_object(tr, sub, object_key, ObjectRecord(size, 0, now_ms, now_ms, level))
+    tr.set(sub.key(keys.DEAD_OBJECT, now_ms, object_key), keys.pack_value((size,)))
+    tally(tr, sub, "objects", 1)
+    tally(tr, sub, "object_bytes", size)
+
+
+def commit_job(
+    tr: Transaction,
+    sub: keys.Subspace,
+    plan: Plan,
+    node_id: int,
+    object_key: str,
+    object_size: int,
+    outputs: Sequence[JobEntry],
+    now_ms: int,
+    delete_delay_ms: int,
+) -> JobResult:
+    """Re-point the plan's entries to the uploaded output, if none of them changed."""
+    reason = _changed(tr, sub, plan)
+    if reason is not None:
+        discard_output(tr, sub, object_key, object_size, plan.level, now_ms)
+        release(tr, sub, plan, node_id)
+        return JobResult(False, reason)
+    _check_output(plan, outputs)
+    for e in plan.entries:
+        clear_entry(tr, sub, e.topic_id, e.partition, e.entry)
+    for e in outputs:
+        put_entry(tr, sub, e.topic_id, e.partition, e.entry)
+    for input_key, count in Counter(e.entry.object_key for e in plan.entries).items():
+        unreference(tr, sub, input_key, count, now_ms, delete_delay_ms)
+    put_object(
+        tr, sub, object_key, ObjectRecord(object_size, len(outputs), now_ms, None, plan.level)
+    )
+    tally(tr, sub, "objects", 1)
+    tally(tr, sub, "object_bytes", object_size)
+    tally(tr, sub, "chunk_entries", len(outputs) - len(plan.entries))
+    if plan.level == L1:
+        for topic_id, partition, entries in plan.partitions():
+            _add_level_one(tr, sub, topic_id, partition, entries)
+    release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
+    if plan.level == L2 and plan.partition is not None:
+        _took_level_one(tr, sub, plan)
+    return JobResult(True)
+
+
+def _add_level_one(
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entries: list[ChunkEntry]
+) -> None:
+    row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
+    raw = tr.get(row_key)
+    added = sum(e.length for e in entries)
+    first = entries[0].base_offset
+    if raw is None:
+        row = _L1Row(added, 1, first)
+    else:
+        old = _L1Row.unpack(raw)
+        row = _L1Row(
+            old.size + added,
+            old.objects + 1,
+            min(old.first_offset, first),
+            old.node_id,
+            old.expires_ms,
+        )
+    tr.set(row_key, row.pack())
+
+
+def _took_level_one(tr: Transaction, sub: keys.Subspace, plan: Plan) -> None:
+    assert plan.partition is not None
+    row_key = sub.key(keys.L1_PARTITION, *plan.partition)
+    raw = tr.get(row_key)
+    if raw is None:
+        return
+    old = _L1Row.unpack(raw)
+    first = old.first_offset
+    if first >= plan.entries[0].entry.base_offset:  # no level-1 entries before the run came
+        first = plan.entries[-1].entry.last_offset + 1
+    row = _L1Row(old.size - plan.input_bytes, old.objects - len(plan.input_keys), first)
+    if row.size <= 0 or row.objects <= 0:
+        tr.clear(row_key)
+    else:
+        tr.set(row_key, row.pack())

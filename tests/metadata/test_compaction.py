@@ -1,0 +1,308 @@
+"""Compaction in the metadata store on every KV backend: plans and their claims, and the
+re-pointing commit that replaces exactly the planned entries or nothing at all."""
+
+from __future__ import annotations
+
+import pytest
+
+from metadata import compaction, keys, lifecycle, log, topics
+from metadata.compaction import L1, L2, JobEntry, Limits, Plan
+from metadata.kv import KV
+from tests.metadata.test_lifecycle import (
+    DELAY,
+    SUB,
+    _append,
+    _due,
+    _entries,
+    _object,
+    _queued_l0,
+    _retain,
+    _reverse,
+    _state,
+    _topic,
+)
+
+NOW = 10_000
+LEASE = 5_000
+HEADER = 8  # where an output's first chunk starts (storage.ingest's header)
+
+
+def _plan_l1(kv: KV, node: int = 1, now: int = NOW, min_age: int = 0, **limits) -> Plan | None:
+    return kv.transact_sync(
+        lambda tr: compaction.plan_l1(tr, SUB, node, now, min_age, Limits(**limits), LEASE)
+    )
+
+
+def _plan_l2(kv: KV, node: int = 1, now: int = NOW, spans=None, **limits) -> Plan | None:
+    return kv.transact_sync(
+        lambda tr: compaction.plan_l2(tr, SUB, node, now, Limits(**limits), LEASE, spans)
+    )
+
+
+def _outputs(plan: Plan, key: str, entry_bytes: int = 1 << 20) -> list[JobEntry]:
+    """The output's entries, its chunks written back to back after the header."""
+    starts, position = [], HEADER
+    for _t, _p, entries in plan.partitions():
+        starts.append(position)
+        position += sum(e.length for e in entries)
+    return compaction.output_entries(plan, key, starts, entry_bytes)
+
+
+def _commit(
+    kv: KV, plan: Plan, key: str, size: int = 1000, node: int = 1, now: int = NOW, **kw
+) -> compaction.JobResult:
+    outputs = _outputs(plan, key, **kw)
+    return kv.transact_sync(
+        lambda tr: compaction.commit_job(tr, SUB, plan, node, key, size, outputs, now, DELAY)
+    )
+
+
+def _full_entries(kv: KV, topic: topics.Topic, p: int = 0) -> list[log.ChunkEntry]:
+    return kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, p, 0))
+
+
+def _tallies(kv: KV) -> dict[str, int]:
+    return kv.transact_sync(lambda tr: lifecycle.read_tallies(tr, SUB))
+
+
+def _claims(kv: KV) -> dict[str, tuple]:
+    rows = kv.transact_sync(lambda tr: tr.get_range(*SUB.range(keys.L0_OBJECT)))
+    return {str(SUB.unpack(k)[2]): keys.unpack_value(v) for k, v in rows}
+
+
+def _l1_rows(kv: KV) -> dict[int, tuple]:
+    rows = kv.transact_sync(lambda tr: tr.get_range(*SUB.range(keys.L1_PARTITION)))
+    return {int(SUB.unpack(k)[2]): keys.unpack_value(v) for k, v in rows}
+
+
+def test_a_level_one_job_replaces_exactly_the_planned_entries(kv):
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(2, 10)], 1: [(1, 15)]})  # p0 0-1, p1 0
+    _append(kv, topic, "b", {0: [(3, 20)]})  # p0 2-4
+    _append(kv, topic, "c", {1: [(2, 30)], 0: [(1, 5)]})  # p1 1-2, p0 5
+    states = [_state(kv, topic, p) for p in (0, 1)]
+    before = _tallies(kv)
+
+    plan = _plan_l1(kv)
+    assert plan is not None and plan.level == L1
+    assert plan.input_keys == ["a", "b", "c"]
+    assert [
+        (p, [(e.object_key, e.base_offset) for e in es]) for _t, p, es in plan.partitions()
+    ] == [
+        (0, [("a", 0), ("b", 2), ("c", 5)]),
+        (1, [("a", 0), ("c", 1)]),
+    ]
+    assert _commit(kv, plan, "L1", size=530) == compaction.JobResult(True)
+
+    # One entry per partition in the output, the bytes back to back in offset order.
+    (p0,) = _full_entries(kv, topic, 0)
+    (p1,) = _full_entries(kv, topic, 1)
+    assert p0 == log.ChunkEntry("L1", HEADER, 300, 0, 5, 3, 20)
+    assert p1 == log.ChunkEntry("L1", HEADER + 300, 200, 0, 2, 2, 30)
+    assert _reverse(kv, "L1") == [(0, 0, 5), (1, 0, 2)]
+    # Offsets, log start and bytes of each partition as they were.
+    assert [_state(kv, topic, p) for p in (0, 1)] == states
+    # Every input has no entry left: dead, queued one delete delay on, off the L0 queue.
+    for key, size in (("a", 202), ("b", 101), ("c", 202)):
+        assert _object(kv, key) == lifecycle.ObjectRecord(size, 0, 1, NOW, 0)
+        assert _reverse(kv, key) == []
+    assert _due(kv, NOW + DELAY) == [(NOW + DELAY, k) for k in ("a", "b", "c")]
+    assert _queued_l0(kv) == []
+    assert _object(kv, "L1") == lifecycle.ObjectRecord(530, 2, NOW, None, L1)
+    assert _tallies(kv) == {
+        "objects": before["objects"] + 1,
+        "object_bytes": before["object_bytes"] + 530,
+        "chunk_entries": 2,
+    }
+    # Both partitions now wait for level 2: (bytes, objects, first offset, unclaimed).
+    assert _l1_rows(kv) == {0: (300, 1, 0, -1, 0), 1: (200, 1, 0, -1, 0)}
+
+
+def test_output_entries_hold_runs_of_consecutive_offsets_up_to_the_entry_size(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]})  # 0
+    _append(kv, topic, "b", {0: [(1, 10)]})  # 1
+    _append(kv, topic, "c", {0: [(1, 10)]})  # 2
+    plan = _plan_l1(kv)
+    # b is not in the plan: a's and c's entries are not consecutive.
+    gapped = Plan(L1, tuple(e for e in plan.entries if e.entry.object_key != "b"))
+    assert [
+        (e.entry.start, e.entry.length, e.entry.base_offset, e.entry.last_offset)
+        for e in _outputs(gapped, "x")
+    ] == [(8, 100, 0, 0), (108, 100, 2, 2)]
+    # At most 250 bytes an entry: 100 + 100, then 100.
+    assert [
+        (e.entry.start, e.entry.length, e.entry.base_offset, e.entry.last_offset)
+        for e in _outputs(plan, "x", entry_bytes=250)
+    ] == [(8, 200, 0, 1), (208, 100, 2, 2)]
+
+
+def test_a_plan_takes_old_unclaimed_objects_within_its_limits(kv):
+    topic = _topic(kv, partitions=1)
+    for key in "abcde":
+        _append(kv, topic, key, {0: [(1, 10)]})  # created at 1
+    assert _plan_l1(kv, now=1000, min_age=2000) is None  # too young
+    first = _plan_l1(kv, node=1, max_inputs=2)
+    assert first.input_keys == ["a", "b"] and first.queued == ((1, "a"), (1, "b"))
+    assert _claims(kv)["a"] == (1, NOW + LEASE)
+    # Another agent's plan passes over the claimed objects.
+    assert _plan_l1(kv, node=2, now=NOW + 1000, max_inputs=2).input_keys == ["c", "d"]
+    assert _plan_l1(kv, node=3, max_inputs=2) is None  # e alone gains nothing
+    # The first agent died: once its claims expire, its inputs are planned again.
+    assert _plan_l1(kv, node=3, now=NOW + LEASE, max_inputs=3).input_keys == ["a", "b", "e"]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, first, 1))  # not its claim now
+    assert _claims(kv)["a"] == (3, NOW + 2 * LEASE)
+
+
+def test_limits_of_bytes_and_entries(kv):
+    topic = _topic(kv, partitions=3)
+    _append(kv, topic, "big", {0: [(1, 10)] * 3})  # 300 bytes, 3 entries
+    _append(kv, topic, "a", {1: [(1, 10)]})
+    _append(kv, topic, "b", {1: [(1, 10)], 2: [(1, 10)]})
+    _append(kv, topic, "c", {2: [(1, 10)]})
+    # "big" alone passes 250 bytes: it leaves the queue, never to be compacted. Then the
+    # oldest that fit together: a and c (b's 200 bytes would make 300).
+    plan = _plan_l1(kv, max_bytes=250)
+    assert plan.input_keys == ["a", "c"]
+    assert "big" not in _queued_l0(kv)
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+    # Three entries at most: a and b (1 + 2), then c does not fit.
+    assert _plan_l1(kv, max_entries=3).input_keys == ["a", "b"]
+
+
+def _change_retention(kv, topic):
+    _retain(kv, topic, now=NOW, retention_ms=NOW - 15, retention_bytes=-1)  # a's p0 entry
+
+
+def _change_delete_records(kv, topic):
+    kv.transact_sync(
+        lambda tr: lifecycle.advance_log_start(tr, SUB, topic.topic_id, 0, 2, NOW, DELAY)
+    )
+
+
+def _change_topic_deleted(kv, topic):
+    kv.transact_sync(lambda tr: topics.delete_topic(tr, SUB, "t", NOW))
+
+
+def _change_other_job(kv, topic):
+    # The claim ran out (a slow agent); another agent planned and committed the same.
+    other = _plan_l1(kv, node=2, now=NOW + LEASE)
+    assert other is not None
+    assert _commit(kv, other, "other", node=2, now=NOW + LEASE).committed
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_change_retention, _change_delete_records, _change_topic_deleted, _change_other_job],
+    ids=["retention", "delete_records", "topic_deleted", "other_job"],
+)
+def test_the_commit_changes_nothing_when_an_input_entry_changed(kv, change):
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(2, 10)], 1: [(1, 10)]})
+    _append(kv, topic, "b", {0: [(3, 20)], 1: [(1, 20)]})
+    plan = _plan_l1(kv)
+    assert plan.input_keys == ["a", "b"]
+    change(kv, topic)
+    index = {p: _full_entries(kv, topic, p) for p in (0, 1)}
+    records = {k: _object(kv, k) for k in ("a", "b", "other")}
+    before = _tallies(kv)
+
+    result = _commit(kv, plan, "L1", size=700, now=NOW + LEASE + 1)
+    assert not result.committed and result.reason
+    assert {p: _full_entries(kv, topic, p) for p in (0, 1)} == index
+    assert {k: _object(kv, k) for k in ("a", "b", "other")} == records
+    assert _reverse(kv, "L1") == []
+    # The output is dead and due for deletion at once; counted until it is deleted.
+    at = NOW + LEASE + 1
+    assert _object(kv, "L1") == lifecycle.ObjectRecord(700, 0, at, at, L1)
+    assert (at, "L1") in _due(kv, at)
+    assert _tallies(kv) == {
+        "objects": before["objects"] + 1,
+        "object_bytes": before["object_bytes"] + 700,
+        "chunk_entries": before["chunk_entries"],
+    }
+    # The claims are given up: what is left may be planned again.
+    assert all(claim == () for claim in _claims(kv).values())
+
+
+def _two_level_one_objects(kv: KV) -> topics.Topic:
+    """p0 offsets 0-3 in level-1 objects x (0-1) and y (2-3); p1 offset 0 in x."""
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(1, 10)], 1: [(1, 10)]})
+    _append(kv, topic, "b", {0: [(1, 20)]})
+    assert _commit(kv, _plan_l1(kv), "x").committed
+    _append(kv, topic, "c", {0: [(1, 30)]})
+    _append(kv, topic, "d", {0: [(1, 40)]})
+    assert _commit(kv, _plan_l1(kv), "y").committed
+    return topic
+
+
+def test_a_level_two_job_gathers_one_partitions_level_one_entries(kv):
+    topic = _two_level_one_objects(kv)
+    assert _l1_rows(kv) == {0: (400, 2, 0, -1, 0), 1: (100, 1, 0, -1, 0)}
+    assert _plan_l2(kv, max_inputs=3) is None  # neither 3 objects nor max_bytes yet
+    plan = _plan_l2(kv, max_inputs=2)
+    assert plan.level == L2 and plan.partition == (topic.topic_id, 0)
+    assert plan.input_keys == ["x", "y"]
+    assert _l1_rows(kv)[0][3:] == (1, NOW + LEASE)  # claimed
+    assert _plan_l2(kv, node=2, max_inputs=2) is None  # p1 waits for more
+
+    assert _commit(kv, plan, "z", size=408).committed
+    assert _full_entries(kv, topic, 0) == [log.ChunkEntry("z", HEADER, 400, 0, 3, 4, 40)]
+    assert _entries(kv, topic, 1) == [("x", 0, 0)]
+    # x still holds p1's entry; y held only p0's and is queued for deletion.
+    assert _object(kv, "x") == lifecycle.ObjectRecord(1000, 1, NOW, None, L1)
+    assert _object(kv, "y") == lifecycle.ObjectRecord(1000, 0, NOW, NOW, L1)
+    assert _object(kv, "z") == lifecycle.ObjectRecord(408, 1, NOW, None, L2)
+    assert _reverse(kv, "x") == [(1, 0, 0)]
+    assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0)}
+    assert _state(kv, topic, 0) == log.PartitionState(4, 0, 400)
+
+
+def test_a_level_two_job_is_refused_when_retention_took_an_entry(kv):
+    topic = _two_level_one_objects(kv)
+    plan = _plan_l2(kv, max_inputs=2)
+    _change_delete_records(kv, topic)  # p0's entry in x (0-1) goes
+    assert not _commit(kv, plan, "z", size=408).committed
+    assert _entries(kv, topic, 0) == [("y", 2, 3)]
+    assert _object(kv, "z").live_entries == 0
+    assert _l1_rows(kv)[0][3] == -1  # unclaimed
+    # Planned again: y's entry alone is what is left, and it waits for more.
+    assert _plan_l2(kv, max_inputs=1) is None
+    assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0)
+
+
+def test_a_level_two_run_covers_at_most_the_topics_span(kv):
+    topic = _two_level_one_objects(kv)
+    # p0's entries: one in x (max timestamp 20), one in y (40).
+    plan = _plan_l2(kv, max_inputs=2, spans={topic.topic_id: 20})
+    assert plan is not None and plan.input_keys == ["x", "y"]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+    # A shorter span cuts the run to x's entry alone, which is passed over for good.
+    assert _plan_l2(kv, max_inputs=2, spans={topic.topic_id: 19}) is None
+    assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0)
+
+
+def test_objects_without_a_level_are_never_planned(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]})
+    _append(kv, topic, "b", {0: [(1, 10)]})
+    # As committed before levels: no queue row, no reverse index.
+    kv.transact_sync(lambda tr: tr.clear_range(*SUB.range(keys.L0_OBJECT)))
+    kv.transact_sync(lambda tr: tr.clear_range(*SUB.range(keys.OBJECT_CHUNK)))
+    assert _plan_l1(kv) is None
+
+
+def test_an_output_that_does_not_hold_the_inputs_is_refused(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]})
+    _append(kv, topic, "b", {0: [(1, 10)]})
+    plan = _plan_l1(kv)
+    outputs = _outputs(plan, "x")[:-1] + [
+        JobEntry(topic.topic_id, 0, log.ChunkEntry("x", 8, 150, 0, 1, 2, 10))
+    ]
+    with pytest.raises(ValueError):
+        kv.transact_sync(
+            lambda tr: compaction.commit_job(tr, SUB, plan, 1, "x", 300, outputs, NOW, DELAY)
+        )
+    assert _entries(kv, topic) == [("a", 0, 0), ("b", 1, 1)]
