@@ -57,7 +57,9 @@ class Agent:
         self.sub = keys.cluster_subspace(config.cluster_name)
         self.cache = ObjectCache(config.cache_bytes)
         self.reader = RangeReader(store, self.cache)
-        self.chunks = ChunkCache()
+        # Entries read are used for half the delete delay at most: the objects they name
+        # are kept at least that long after compaction or retention re-points them.
+        self.chunks = ChunkCache(max_age_s=config.object_delete_delay_ms / 2000)
         self.read_ahead = ReadAhead(kv, self.sub, store, self.cache, self.chunks)
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))

@@ -1,27 +1,35 @@
-"""Chunk index entries already read, kept in memory: they never change.
+"""Chunk index entries already read, kept in memory for a while.
 
-An entry of the chunk index (which bytes of which object hold offsets [base, last] of a
-partition) is written once, in the transaction that gives its batches offsets, and is
-removed only with its topic, whose id is never used again. A copy read once therefore
-stays right for as long as anyone can ask for it. What does change, the partition's high
-watermark and log start offset, is still read from the store for every Fetch, and it
-decides what may be served; the cache only saves reading and decoding the entries.
+An entry of the chunk index says which bytes of which object hold offsets [base, last]
+of a partition. Offsets never change, but entries do go: retention, DeleteRecords and
+topic deletion drop them, and compaction replaces them with entries in a new object.
+Either way the object an old entry names is deleted only once nothing names it and the
+delete delay (`--object-delete-delay-ms`) has passed since, so an entry read at time t
+names bytes that stay readable until at least t + delete delay. A copy is therefore
+used for `max_age_s` at most, well within that delay (the agent gives half of it),
+which leaves the rest of the delay for the read that follows. What does change for
+every Fetch, the partition's high watermark and log start offset, is still read from
+the store, and it decides what may be served; the cache only saves reading and
+decoding the entries.
 
 Rules:
-- `ChunkCache.lookup` answers exactly what `log.read_chunks` would answer in a
-  transaction that saw `high_watermark`, or None when the entries it holds cannot tell;
+- `ChunkCache.lookup` answers what `log.read_chunks` answered in a transaction that saw
+  `high_watermark` at most `max_age_s` ago (the same offsets and bytes, perhaps in the
+  objects they were in then), or None when the entries it holds cannot tell;
   `read_chunks_cached` reads the store then and keeps what it read.
 - Per partition one run of contiguous entries is kept (consumers read forward, so a new
   run replaces one it does not extend), at most `ENTRIES` entries of it, for the
-  `PARTITIONS` partitions used last.
+  `PARTITIONS` partitions used last. A run is as old as its oldest entry.
 - Thread-safe: transaction functions may run on worker threads.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Callable
 
 from metadata import keys
 from metadata.kv import ReadTransaction
@@ -29,6 +37,7 @@ from metadata.log import ChunkEntry, read_chunks
 
 PARTITIONS = 4096
 ENTRIES = 64
+MAX_AGE_S = 30.0  # half the default delete delay
 
 
 def _last_offset(entry: ChunkEntry) -> int:
@@ -42,14 +51,31 @@ def _contiguous_prefix(entries: list[ChunkEntry]) -> list[ChunkEntry]:
     return entries
 
 
+class _Run:
+    """Contiguous entries of one partition in offset order, and when the oldest was read."""
+
+    __slots__ = ("entries", "read_at")
+
+    def __init__(self, entries: list[ChunkEntry], read_at: float) -> None:
+        self.entries = entries
+        self.read_at = read_at
+
+
 class ChunkCache:
-    def __init__(self, partitions: int = PARTITIONS, entries: int = ENTRIES) -> None:
+    def __init__(
+        self,
+        partitions: int = PARTITIONS,
+        entries: int = ENTRIES,
+        max_age_s: float = MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._partitions = partitions
         self._entries = entries
-        # Per partition, contiguous entries in offset order.
-        self._runs: OrderedDict[tuple[bytes, int], list[ChunkEntry]] = OrderedDict()
+        self._max_age = max_age_s
+        self._clock = clock
+        self._runs: OrderedDict[tuple[bytes, int], _Run] = OrderedDict()
         self._lock = threading.Lock()
-        self.stats: dict[str, int] = {"hits": 0, "misses": 0}
+        self.stats: dict[str, int] = {"hits": 0, "misses": 0, "expired": 0}
 
     def lookup(
         self,
@@ -63,16 +89,25 @@ class ChunkCache:
         """`read_chunks(from_offset, limit, max_bytes)` as seen with `high_watermark`
         (None: not known, so only an answer that stops at limit or max_bytes counts)."""
         with self._lock:
-            run = self._runs.get((topic_id, partition))
+            run = self._fresh((topic_id, partition))
             found = (
                 None
                 if run is None
-                else self._answer(run, from_offset, limit, max_bytes, high_watermark)
+                else self._answer(run.entries, from_offset, limit, max_bytes, high_watermark)
             )
             self.stats["misses" if found is None else "hits"] += 1
             if found is not None:
                 self._runs.move_to_end((topic_id, partition))
             return found
+
+    def _fresh(self, key: tuple[bytes, int]) -> _Run | None:
+        """The partition's run, unless it is too old to use (then it is dropped)."""
+        run = self._runs.get(key)
+        if run is not None and self._clock() - run.read_at >= self._max_age:
+            del self._runs[key]
+            self.stats["expired"] += 1
+            return None
+        return run
 
     @staticmethod
     def _answer(
@@ -110,13 +145,17 @@ class ChunkCache:
         if not entries:
             return
         key = (topic_id, partition)
+        now = self._clock()
         with self._lock:
-            held = self._runs.get(key)
+            held = self._fresh(key)
+            read_at = now
             if held is not None:
-                if held[0].base_offset <= entries[0].base_offset <= held[-1].last_offset + 1:
-                    # Extends (or lies inside) the run held.
-                    entries = held + [e for e in entries if e.base_offset > held[-1].last_offset]
-            self._runs[key] = entries[-self._entries :]
+                old = held.entries
+                if old[0].base_offset <= entries[0].base_offset <= old[-1].last_offset + 1:
+                    # Extends (or lies inside) the run held: as old as the run.
+                    entries = old + [e for e in entries if e.base_offset > old[-1].last_offset]
+                    read_at = held.read_at
+            self._runs[key] = _Run(entries[-self._entries :], read_at)
             self._runs.move_to_end(key)
             while len(self._runs) > self._partitions:
                 self._runs.popitem(last=False)

@@ -1,8 +1,10 @@
 """Reading byte ranges of ingest files: a cache of recent files and coalesced GETs.
 
 Rules:
-- ObjectCache keeps whole objects this agent just wrote (objects are immutable, so
-  an entry never goes stale), least recently used first out, bounded by bytes.
+- ObjectCache keeps whole objects this agent just wrote or read ahead, least recently
+  used first out, bounded by bytes. Objects are immutable and their keys never used
+  again, so an entry never goes stale; one deleted from the store (garbage collection
+  discards it here too) still holds the bytes a reader with an older index lookup wants.
 - RangeReader serves a range from the cache when the object is there; otherwise it
   merges the ranges of one object that lie within `max_gap` of each other into a
   single ranged GET (a GET costs more than the gap bytes) and fetches different

@@ -1,4 +1,4 @@
-"""Chunk index entries kept in memory answer exactly what the index answers."""
+"""Chunk index entries kept in memory answer what the index answered, for a while."""
 
 from __future__ import annotations
 
@@ -121,3 +121,43 @@ def test_bounded_per_partition_and_in_partitions(kv, topic):
     # A second partition pushes the first out.
     cache.add(topic.topic_id, 1, entries[:2])
     assert cache.lookup(topic.topic_id, 0, entries[-8].base_offset, 4, 1 << 20) is None
+
+
+def test_entries_held_expire_before_their_objects_can_be_deleted(kv, topic):
+    """Compaction re-points entries; a copy of the old ones is used for max_age at most,
+    and the old objects are deleted a whole delete delay after the commit."""
+    from metadata import compaction
+
+    append(kv, topic, random.Random(4), 3)
+    now = [100.0]
+    cache = ChunkCache(max_age_s=30.0, clock=lambda: now[0])
+    old, direct, hw = both(kv, cache, topic, 0, 16, 1 << 20)
+    assert old == direct
+    plan = kv.transact_sync(
+        lambda tr: compaction.plan_l1(tr, SUB, 1, 10**6, 0, compaction.Limits(), 1000)
+    )
+    outputs = compaction.output_entries(plan, "merged", [8], 1 << 20)
+    assert kv.transact_sync(
+        lambda tr: compaction.commit_job(tr, SUB, plan, 1, "merged", 99, outputs, 10**6, 60_000)
+    ).committed
+
+    def cached() -> list[log.ChunkEntry]:
+        return kv.read_sync(
+            lambda tr: read_chunks_cached(tr, cache, SUB, topic.topic_id, 0, 0, 16, 1 << 20, hw)
+        )
+
+    now[0] += 29.9  # still the entries of before, naming objects not yet deleted
+    assert cached() == old
+    now[0] += 0.1  # too old: read again, the compacted entry
+    assert [(e.object_key, e.base_offset) for e in cached()] == [("merged", 0)]
+    assert cache.stats["expired"] == 1
+    # A run extended later is as old as its first entries.
+    now[0] += 20
+    append(kv, topic, random.Random(5), 2)
+    hw2 = kv.read_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0)).high_watermark
+    kv.read_sync(
+        lambda tr: read_chunks_cached(tr, cache, SUB, topic.topic_id, 0, hw, 16, 1 << 20, hw2)
+    )
+    assert len(cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, hw2)) == 3
+    now[0] += 10
+    assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, hw2) is None
