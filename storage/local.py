@@ -78,6 +78,14 @@ class LocalObjectStore:
         self.stats["bytes_got"] += len(data)
         return data
 
+    def get_sync(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        _check_range(start, end)
+        path = self._path(key)
+        self.stats["gets"] += 1
+        data = self._wrapped(partial(_read_file, path, key, start, end))
+        self.stats["bytes_got"] += len(data)
+        return data
+
     async def delete(self, key: str) -> None:
         path = self._path(key)
         self.stats["deletes"] += 1

@@ -61,6 +61,10 @@ class ObjectStore(Protocol):
         """
         ...
 
+    def get_sync(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """The blocking form of get, for a caller that is already in a worker thread."""
+        ...
+
     async def delete(self, key: str) -> None:
         """Remove key; deleting a missing key is not an error."""
         ...

@@ -130,12 +130,16 @@ class S3ObjectStore:
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object; a negative start means the last -start bytes."""
-        if start < 0 and end is not None:
-            raise ValueError("a negative start (read from the end) needs end=None")
-        if end is not None and end < start:
-            raise ValueError(f"range end {end} is before start {start}")
+        _check_range(start, end)
         self.stats["gets"] += 1
         data = await self._run(partial(self._get, key, start, end))
+        self.stats["bytes_got"] += len(data)
+        return data
+
+    def get_sync(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        _check_range(start, end)
+        self.stats["gets"] += 1
+        data = self._wrapped(partial(self._get, key, start, end))
         self.stats["bytes_got"] += len(data)
         return data
 
@@ -277,6 +281,13 @@ class S3ObjectStore:
             if _error_code(exc) in _NOT_FOUND_CODES:
                 raise ObjectNotFoundError(f"no such object: {key!r}") from None
             raise
+
+
+def _check_range(start: int, end: int | None) -> None:
+    if start < 0 and end is not None:
+        raise ValueError("a negative start (read from the end) needs end=None")
+    if end is not None and end < start:
+        raise ValueError(f"range end {end} is before start {start}")
 
 
 def _error_code(exc: ClientError) -> str:

@@ -78,6 +78,17 @@ async def test_put_sync_from_a_worker_thread(store: ObjectStore) -> None:
     assert store.stats["puts"] == puts + 3  # type: ignore[attr-defined]
 
 
+async def test_get_sync_from_a_worker_thread(store: ObjectStore) -> None:
+    await store.put("sync/read", b"0123456789")
+    gets = store.stats["gets"]  # type: ignore[attr-defined]
+    assert await anyio.to_thread.run_sync(lambda: store.get_sync("sync/read")) == b"0123456789"
+    assert await anyio.to_thread.run_sync(lambda: store.get_sync("sync/read", 2, 5)) == b"234"
+    assert await anyio.to_thread.run_sync(lambda: store.get_sync("sync/read", -3)) == b"789"
+    with pytest.raises(ObjectNotFoundError):
+        await anyio.to_thread.run_sync(lambda: store.get_sync("sync/missing"))
+    assert store.stats["gets"] == gets + 4  # type: ignore[attr-defined]
+
+
 async def test_overwrite_without_if_absent(store: ObjectStore) -> None:
     await store.put("k", b"first")
     await store.put("k", b"second, longer")
