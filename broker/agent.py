@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 
 from broker import placement
+from broker.compaction import Compaction, CompactionSettings
 from broker.config import BrokerConfig
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
@@ -92,6 +93,23 @@ class Agent:
                 orphan_min_age_ms=config.orphan_min_age_ms,
             ),
             forget_cached=self.cache.discard,
+        )
+        self.compaction = Compaction(
+            self,
+            CompactionSettings(
+                enabled=config.compaction,
+                interval_ms=config.compaction_interval_ms,
+                min_age_ms=config.compaction_min_age_ms,
+                max_inputs=config.compaction_max_inputs,
+                max_job_bytes=config.compaction_max_job_bytes,
+                max_entries=config.compaction_max_entries,
+                entry_bytes=config.compaction_entry_bytes,
+                max_jobs=config.compaction_max_jobs,
+                lease_ms=config.compaction_lease_ms,
+                retention_span_percent=config.compaction_retention_span_percent,
+                delete_delay_ms=config.object_delete_delay_ms,
+                orphan_min_age_ms=config.orphan_min_age_ms,
+            ),
         )
 
     @classmethod

@@ -135,6 +135,61 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         3_600_000,
         "how old an object no metadata names must be before the sweep deletes it",
     ),
+    ("compaction", _bool, True, "merge small objects into large ones (true or false)"),
+    (
+        "compaction-interval-ms",
+        _positive,
+        5_000,
+        "how often an agent looks for compaction jobs (it runs them until none is left)",
+    ),
+    (
+        "compaction-min-age-ms",
+        _positive,
+        30_000,
+        "how old an ingest file must be before a job merges it (younger ones are read from"
+        " the cache by consumers near the head)",
+    ),
+    (
+        "compaction-max-inputs",
+        _positive,
+        32,
+        "objects one job merges at most, at each level (WarpStream's 32)",
+    ),
+    (
+        "compaction-max-job-bytes",
+        _positive,
+        64 * 1024 * 1024,
+        "bytes of entries one job reads and holds at most (it holds its output too); also"
+        " the size of a level-2 object, one partition's",
+    ),
+    (
+        "compaction-max-entries",
+        _positive,
+        10_000,
+        "chunk entries one job replaces at most, so its commit stays far within"
+        " FoundationDB's 10 MB and 5 s",
+    ),
+    (
+        "compaction-entry-bytes",
+        _positive,
+        256 * 1024,
+        "largest chunk entry a job writes by merging consecutive ones: a Fetch reads whole"
+        " entries, so this is about what it reads beyond its max.partition.fetch.bytes",
+    ),
+    ("compaction-max-jobs", _positive, 1, "compaction jobs one agent runs at once"),
+    (
+        "compaction-lease-ms",
+        _positive,
+        120_000,
+        "how long a job's claim holds: a dead agent's job is planned again after it",
+    ),
+    (
+        "compaction-retention-span-percent",
+        _positive,
+        10,
+        "a level-2 object covers at most this share of its topic's retention.ms by record"
+        " timestamps, so that time retention frees it at most that much late",
+    ),
     (
         "group-min-session-timeout-ms",
         int,
@@ -208,6 +263,16 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         object_delete_delay_ms=args.object_delete_delay_ms,
         orphan_sweep_interval_ms=args.orphan_sweep_interval_ms,
         orphan_min_age_ms=args.orphan_min_age_ms,
+        compaction=args.compaction,
+        compaction_interval_ms=args.compaction_interval_ms,
+        compaction_min_age_ms=args.compaction_min_age_ms,
+        compaction_max_inputs=args.compaction_max_inputs,
+        compaction_max_job_bytes=args.compaction_max_job_bytes,
+        compaction_max_entries=args.compaction_max_entries,
+        compaction_entry_bytes=args.compaction_entry_bytes,
+        compaction_max_jobs=args.compaction_max_jobs,
+        compaction_lease_ms=args.compaction_lease_ms,
+        compaction_retention_span_percent=args.compaction_retention_span_percent,
         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
         group_max_session_timeout_ms=args.group_max_session_timeout_ms,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,

@@ -49,6 +49,17 @@ class BrokerConfig:
     object_delete_delay_ms: int = 60_000  # Kafka: file.delete.delay.ms
     orphan_sweep_interval_ms: int = 600_000
     orphan_min_age_ms: int = 3_600_000
+    # Compaction of small objects into large ones (broker.compaction).
+    compaction: bool = True
+    compaction_interval_ms: int = 5_000
+    compaction_min_age_ms: int = 30_000
+    compaction_max_inputs: int = 32
+    compaction_max_job_bytes: int = 64 * 1024 * 1024
+    compaction_max_entries: int = 10_000
+    compaction_entry_bytes: int = 256 * 1024
+    compaction_max_jobs: int = 1
+    compaction_lease_ms: int = 120_000
+    compaction_retention_span_percent: int = 10
     # Consumer groups (Apache Kafka's group coordinator settings and defaults).
     group_min_session_timeout_ms: int = 6_000
     group_max_session_timeout_ms: int = 1_800_000

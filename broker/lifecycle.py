@@ -34,6 +34,7 @@ from typing import Protocol
 import anyio
 
 from broker import faults
+from broker.compaction import OUTPUT_PREFIX
 from metadata import keys, leases
 from metadata import lifecycle as lifecycle_layer
 from metadata import topics as topics_layer
@@ -42,8 +43,9 @@ from storage.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
 
-# The prefixes of the objects bucketlog writes (storage.ingest.new_object_key).
-OBJECT_PREFIXES = ("ingest/",)
+# The prefixes of the objects bucketlog writes: ingest files (storage.ingest.new_object_key)
+# and compaction outputs.
+OBJECT_PREFIXES = ("ingest/", OUTPUT_PREFIX)
 DELETES_AT_ONCE = 16
 SWEEP_BATCH = 500
 

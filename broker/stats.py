@@ -1,8 +1,10 @@
 """The agent's counters, written once a second to `<data-dir>/stats-<port>.json`.
 
 For benchmarks and operators: objects PUT and GET, cache hits, flushes, metadata
-transactions, and the connections' expected events (bad input, clients gone). The file is replaced atomically (write, then rename), only when a counter
-changed, so a reader never sees half of it; writing it costs one small file per second.
+transactions, the object lifecycle and compaction, and the connections' expected events
+(bad input, clients gone). The file is replaced atomically (write, then rename), only
+when a counter changed, so a reader never sees half of it; writing it costs one small
+file per second.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def snapshot(agent: Agent) -> dict[str, Any]:
         "metadata": dict(getattr(agent.kv, "stats", {})),
         "connections": dict(agent.events.counts),
         "lifecycle": dict(agent.lifecycle.stats),
+        "compaction": dataclasses.asdict(agent.compaction.stats),
         "request_memory": {
             "in_use": agent.request_memory.in_use,
             **agent.request_memory.stats,

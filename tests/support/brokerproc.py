@@ -107,6 +107,12 @@ class StoreChoice:
             return f"s3://{TEST_BUCKET}/{self.tag(data_dir)}"
         return "file://" + str(Path(data_dir).resolve() / "objects")
 
+    def metadata_url(self, data_dir: Path) -> str:
+        """The metadata store a broker on data_dir uses (unless a test passes --metadata)."""
+        if self.fdb_cluster_file:
+            return f"fdb://{self.fdb_cluster_file}?prefix={self.tag(data_dir)}"
+        return "sqlite://" + str(Path(data_dir).resolve() / "metadata.db")
+
     def args(self, data_dir: Path) -> list[str]:
         tag = self.tag(data_dir)
         args: list[str] = []
@@ -226,6 +232,16 @@ class BrokerProcess:
                 await store.aclose()
 
         anyio.run(put)
+
+    def read_metadata(self, fn: Any) -> Any:
+        """fn(transaction) on the broker's metadata store, read from the test."""
+        from metadata.kv import open_kv
+
+        kv = open_kv(self.stores.metadata_url(self.data_dir))
+        try:
+            return kv.transact_sync(fn)
+        finally:
+            anyio.run(kv.aclose)
 
     def stats(self, port: int | None = None) -> dict[str, Any]:
         """The agent's counters as of their last write to its stats file (each second)."""

@@ -1,0 +1,364 @@
+"""The agent's share of compaction: jobs that merge small objects into large ones.
+
+The metadata side (plans, claims, the re-pointing commit) is `metadata.compaction`.
+
+Rules:
+
+- Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs
+  (ingest files into one object) first, then level-2 jobs (one partition's level-1
+  entries into an object of its own); at most `max_jobs` at once. Any agent runs any
+  job: a plan claims its inputs in the metadata store, and a dead agent's claims expire
+  after `lease_ms`.
+- A job reads its input entries (whole objects this agent has in its cache, otherwise
+  ranged GETs, one per run of nearby entries of an object), builds one object in the
+  ingest-file format (one chunk per partition, the batches byte for byte in offset
+  order), uploads it if-absent under "compacted/", and only then commits. Reading,
+  building and uploading run in one worker thread, whose CPU time is the job's.
+- Every input entry's bytes are walked batch by batch before the upload: the batches
+  must hold exactly the entry's offsets, or the job fails and nothing is committed.
+- An output not committed within half of `orphan_min_age_ms` after its upload began is
+  never committed (the orphan sweep could have deleted it): it is recorded dead at once,
+  as is the output of a job whose commit found an input changed.
+- A failure (the object store, the metadata store) is logged; the job's claims are given
+  up and the pass ends, so the next pass plans again. Killed anywhere, a job leaves
+  claims that expire, an upload the orphan sweep deletes, or a committed job whose
+  inputs garbage collection deletes after the delete delay: never a lost record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
+
+import anyio
+
+from broker import faults
+from metadata import compaction as compaction_layer
+from metadata import keys
+from metadata import topics as topics_layer
+from metadata.compaction import Limits, Plan
+from metadata.kv import KV
+from metadata.log import ChunkEntry
+from protocol.records import iter_batches
+from storage.cache import ObjectCache
+from storage.ingest import encode_ingest_file, new_object_key
+from storage.objectstore import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_PREFIX = "compacted/"
+# Entries of one object closer than this are read with one GET (the gap is read too).
+READ_GAP = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSettings:
+    enabled: bool = True
+    interval_ms: int = 5_000
+    min_age_ms: int = 30_000
+    max_inputs: int = 32
+    max_job_bytes: int = 64 * 1024 * 1024
+    max_entries: int = 10_000
+    entry_bytes: int = 256 * 1024
+    max_jobs: int = 1
+    lease_ms: int = 120_000
+    retention_span_percent: int = 10
+    # From the object lifecycle.
+    delete_delay_ms: int = 60_000
+    orphan_min_age_ms: int = 3_600_000
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_inputs, self.max_job_bytes, self.max_entries)
+
+
+@dataclass(slots=True)
+class CompactionStats:
+    passes: int = 0
+    l1_jobs: int = 0  # committed
+    l2_jobs: int = 0
+    l1_dropped: int = 0  # an input changed before the commit
+    l2_dropped: int = 0
+    failures: int = 0
+    bytes_read: int = 0  # GET from the store, gaps included
+    bytes_cached: int = 0  # of inputs still in this agent's cache
+    bytes_written: int = 0
+    entries_replaced: int = 0
+    entries_written: int = 0
+    cpu_seconds: float = 0.0  # of the jobs' worker threads
+
+
+class CompactionAgent(Protocol):
+    """What compaction needs of its agent."""
+
+    @property
+    def kv(self) -> KV: ...
+    @property
+    def sub(self) -> keys.Subspace: ...
+    @property
+    def store(self) -> ObjectStore: ...
+    @property
+    def cache(self) -> ObjectCache: ...
+    @property
+    def node_id(self) -> int: ...
+    def topic_config(self, topic: topics_layer.Topic, name: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """An uploaded output: its size, where each partition's chunk starts, and the cost."""
+
+    size: int
+    chunk_starts: list[int]
+    bytes_read: int  # GET from the store, gaps included
+    bytes_cached: int  # taken from objects in the cache
+    cpu_seconds: float
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _read_spans(entries: list[ChunkEntry]) -> list[tuple[int, int]]:
+    """[start, end) ranges covering an object's entries, nearby ones together."""
+    spans: list[tuple[int, int]] = []
+    for entry in sorted(entries, key=lambda e: e.start):
+        end = entry.start + entry.length
+        if spans and entry.start - spans[-1][1] <= READ_GAP:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((entry.start, end))
+    return spans
+
+
+def _batches(entry: ChunkEntry, data: memoryview) -> list[memoryview]:
+    """The entry's batches, which must hold exactly its offsets."""
+    batches = []
+    offsets = 0
+    for view in iter_batches(data):
+        batches.append(view.data)
+        offsets += view.last_offset_delta + 1
+    if len(batches) != entry.batch_count or offsets != entry.last_offset - entry.base_offset + 1:
+        raise ValueError(
+            f"{entry.object_key} [{entry.start}, +{entry.length}) holds {len(batches)} batches "
+            f"of {offsets} offsets, not the entry's {entry.batch_count} of offsets "
+            f"{entry.base_offset}-{entry.last_offset}"
+        )
+    return batches
+
+
+def build_output(
+    store: ObjectStore, plan: Plan, cached: Mapping[str, bytes], output_key: str
+) -> _Built:
+    """Read the plan's entries, write its output object; in a worker thread."""
+    started = time.thread_time()
+    by_object: dict[str, list[ChunkEntry]] = {}
+    for e in plan.entries:
+        by_object.setdefault(e.entry.object_key, []).append(e.entry)
+    pieces: dict[tuple[str, int], memoryview] = {}  # (object, entry start) -> its bytes
+    bytes_read = bytes_cached = 0
+    for object_key, entries in by_object.items():
+        whole = cached.get(object_key)
+        if whole is not None:
+            for entry in entries:
+                pieces[(object_key, entry.start)] = memoryview(whole)[
+                    entry.start : entry.start + entry.length
+                ]
+                bytes_cached += entry.length
+            continue
+        for start, end in _read_spans(entries):
+            span = memoryview(store.get_sync(object_key, start, end))
+            bytes_read += len(span)
+            for entry in entries:
+                if start <= entry.start < end:
+                    at = entry.start - start
+                    pieces[(object_key, entry.start)] = span[at : at + entry.length]
+    chunks = []
+    for topic_id, partition, entries in plan.partitions():
+        batches: list[bytes | memoryview] = []
+        for entry in entries:
+            piece = pieces[(entry.object_key, entry.start)]
+            if len(piece) != entry.length:
+                raise ValueError(f"{entry.object_key} ends inside [{entry.start}, +{entry.length})")
+            batches += _batches(entry, piece)
+        chunks.append((topic_id, partition, batches))
+    data, locations = encode_ingest_file(chunks)
+    store.put_sync(output_key, data, if_absent=True)
+    return _Built(
+        len(data),
+        [loc.start for loc in locations],
+        bytes_read,
+        bytes_cached,
+        time.thread_time() - started,
+    )
+
+
+class Compaction:
+    def __init__(
+        self,
+        agent: CompactionAgent,
+        settings: CompactionSettings,
+    ) -> None:
+        self._agent = agent
+        self.settings = settings
+        self._slots = anyio.Semaphore(max(1, settings.max_jobs))
+        self._threads = anyio.CapacityLimiter(max(1, settings.max_jobs))
+        self.stats = CompactionStats()
+
+    async def run(self) -> None:
+        """Passes for the life of the agent (in its root task group), if enabled."""
+        if not self.settings.enabled:
+            return
+        while True:
+            await anyio.sleep(self.settings.interval_ms / 1000)
+            try:
+                await self.run_pass()
+            except Exception as exc:  # the metadata store failed: next time
+                logger.warning("compaction pass failed, will try again: %s", exc)
+
+    async def run_pass(self) -> int:
+        """Plan and run jobs until none is left (or one fails); the jobs committed."""
+        spans = await self._spans()
+        committed = 0
+        failed = False
+
+        async def job(plan: Plan) -> None:
+            nonlocal committed, failed
+            try:
+                if await self.run_job(plan):
+                    committed += 1
+            except Exception as exc:
+                failed = True
+                self.stats.failures += 1
+                logger.warning("compaction job of %d objects failed: %s", len(plan.input_keys), exc)
+                await self._release(plan)
+            finally:
+                self._slots.release()
+
+        async with anyio.create_task_group() as tg:
+            while not failed:
+                await self._slots.acquire()
+                try:
+                    plan = await self._plan(spans)
+                except BaseException:
+                    self._slots.release()
+                    raise
+                if plan is None or failed:
+                    self._slots.release()
+                    if plan is not None:
+                        await self._release(plan)
+                    break
+                tg.start_soon(job, plan)
+        self.stats.passes += 1
+        return committed
+
+    async def _spans(self) -> dict[bytes, int]:
+        """Per topic with time retention, the span of timestamps a level-2 object may cover."""
+        agent = self._agent
+        topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
+        spans = {}
+        for topic in topics:
+            policy = [p.strip() for p in agent.topic_config(topic, "cleanup.policy").split(",")]
+            retention_ms = int(agent.topic_config(topic, "retention.ms") or -1)
+            if "delete" in policy and retention_ms >= 0:
+                spans[topic.topic_id] = retention_ms * self.settings.retention_span_percent // 100
+        return spans
+
+    async def _plan(self, spans: dict[bytes, int]) -> Plan | None:
+        agent, s = self._agent, self.settings
+        now, node_id = _now_ms(), agent.node_id
+        plan: Plan | None = await agent.kv.transact(
+            lambda tr: compaction_layer.plan_l1(
+                tr, agent.sub, node_id, now, s.min_age_ms, s.limits, s.lease_ms
+            )
+        )
+        if plan is None:
+            plan = await agent.kv.transact(
+                lambda tr: compaction_layer.plan_l2(
+                    tr, agent.sub, node_id, now, s.limits, s.lease_ms, spans
+                )
+            )
+        return plan
+
+    async def _release(self, plan: Plan) -> None:
+        agent = self._agent
+        node_id = agent.node_id
+        try:
+            await agent.kv.transact(
+                lambda tr: compaction_layer.release(tr, agent.sub, plan, node_id)
+            )
+        except Exception as exc:  # the claims expire by themselves
+            logger.warning("giving up a compaction job's claims failed: %s", exc)
+
+    async def run_job(self, plan: Plan) -> bool:
+        """Read, build, upload and commit one planned job; whether it was committed."""
+        agent, s = self._agent, self.settings
+        faults.point("compaction.after_plan")
+        cached = {
+            key: data
+            for key in plan.input_keys
+            if key in agent.cache and (data := agent.cache.get(key)) is not None
+        }
+        output_key = new_object_key(OUTPUT_PREFIX)
+        upload_began = anyio.current_time()
+        built = await anyio.to_thread.run_sync(
+            partial(build_output, agent.store, plan, cached, output_key), limiter=self._threads
+        )
+        self.stats.bytes_read += built.bytes_read
+        self.stats.bytes_cached += built.bytes_cached
+        self.stats.bytes_written += built.size
+        self.stats.cpu_seconds += built.cpu_seconds
+        faults.point("compaction.after_upload")
+        if anyio.current_time() - upload_began > s.orphan_min_age_ms / 2000:
+            logger.warning("not committing compaction output %s: too late", output_key)
+            await agent.kv.transact(
+                partial(
+                    compaction_layer.discard_output,
+                    sub=agent.sub,
+                    object_key=output_key,
+                    size=built.size,
+                    level=plan.level,
+                    now_ms=_now_ms(),
+                )
+            )
+            await self._release(plan)
+            self._count_dropped(plan)
+            return False
+        outputs = compaction_layer.output_entries(
+            plan, output_key, built.chunk_starts, s.entry_bytes
+        )
+        result = await agent.kv.transact(
+            partial(
+                compaction_layer.commit_job,
+                sub=agent.sub,
+                plan=plan,
+                node_id=agent.node_id,
+                object_key=output_key,
+                object_size=built.size,
+                outputs=outputs,
+                now_ms=_now_ms(),
+                delete_delay_ms=s.delete_delay_ms,
+            )
+        )
+        faults.point("compaction.after_commit")
+        if not result.committed:
+            logger.info("compaction job dropped: %s", result.reason)
+            self._count_dropped(plan)
+            return False
+        if plan.level == compaction_layer.L1:
+            self.stats.l1_jobs += 1
+        else:
+            self.stats.l2_jobs += 1
+        self.stats.entries_replaced += len(plan.entries)
+        self.stats.entries_written += len(outputs)
+        return True
+
+    def _count_dropped(self, plan: Plan) -> None:
+        if plan.level == compaction_layer.L1:
+            self.stats.l1_dropped += 1
+        else:
+            self.stats.l2_dropped += 1

@@ -1,0 +1,273 @@
+"""Compaction with real clients: many small ingest files become a few objects per
+partition, and every record reads back exactly as it was produced.
+
+Brokers here look for jobs every 200 ms and merge ingest files as soon as they exist,
+four at a time (so that a few dozen flushes reach level 2); data is produced with
+compaction off first where the test compares before with after.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from metadata import keys, log
+from metadata import topics as topics_layer
+from protocol.compression import Compression
+from protocol.records import build_batch
+from tests.e2e.test_retention import create, offsets, wait_for
+from tests.e2e.wire import WireClient, fetch, produce
+from tests.support.brokerproc import BrokerProcess
+
+pytestmark = pytest.mark.slow
+
+DELETE_DELAY_MS = 2000
+COMPACT = [
+    "--compaction-interval-ms",
+    "200",
+    "--compaction-min-age-ms",
+    "1",
+    "--compaction-max-inputs",
+    "4",
+    "--compaction-lease-ms",
+    "3000",
+    "--object-delete-delay-ms",
+    str(DELETE_DELAY_MS),
+]
+OFF = ["--compaction", "false", "--object-delete-delay-ms", str(DELETE_DELAY_MS)]
+CODECS = list(Compression)  # none, gzip, snappy, lz4, zstd
+READ_COMMITTED = {"isolation.level": "read_committed"}  # librdkafka's default
+READ_UNCOMMITTED = {"isolation.level": "read_uncommitted"}
+
+Record = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]
+
+
+def objects_per_partition(broker: BrokerProcess, topic: str, partitions: int) -> list[int]:
+    """How many objects hold each partition's chunk entries, from the metadata store."""
+    sub = keys.cluster_subspace("default")
+
+    def read(tr):
+        found = topics_layer.get_topic(tr, sub, topic)
+        return [
+            len({e.object_key for e in log.read_chunks(tr, sub, found.topic_id, p, 0)})
+            for p in range(partitions)
+        ]
+
+    return broker.read_metadata(read)
+
+
+def referenced_objects(broker: BrokerProcess) -> set[str]:
+    """Every object a chunk entry names."""
+    sub = keys.cluster_subspace("default")
+
+    def read(tr):
+        rows = tr.get_range(*sub.range(keys.CHUNK))
+        return {str(keys.unpack_value(v)[0]) for _k, v in rows}
+
+    return broker.read_metadata(read)
+
+
+def queued_ingest_files(broker: BrokerProcess) -> int:
+    sub = keys.cluster_subspace("default")
+    return len(broker.read_metadata(lambda tr: tr.get_range(*sub.range(keys.L0_OBJECT))))
+
+
+def read_records(
+    broker: BrokerProcess, topic: str, partitions: int, expect: int, **config: str
+) -> dict[int, list[Record]]:
+    """Per partition, (offset, key, value, headers, timestamp) of `expect` records in all,
+    read from offset 0 by confluent-kafka (every codec decoded by librdkafka)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"read-{topic}-{time.monotonic()}",
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: dict[int, list[Record]] = {p: [] for p in range(partitions)}
+    count = 0
+    deadline = time.monotonic() + 30
+    while count < expect and time.monotonic() < deadline:
+        msg = consumer.poll(0.3)
+        if msg is None:
+            continue
+        assert msg.error() is None, msg.error()
+        headers = [(k, bytes(v)) for k, v in (msg.headers() or [])]
+        got[msg.partition()].append(
+            (msg.offset(), msg.key(), msg.value(), headers, msg.timestamp()[1])
+        )
+        count += 1
+    time.sleep(0.5)  # nothing more comes
+    while (msg := consumer.poll(0.2)) is not None:
+        raise AssertionError(f"an extra record: {msg.partition()}/{msg.offset()}")
+    consumer.close()
+    return got
+
+
+def produce_flushes(
+    broker: BrokerProcess, topics: dict[str, int], flushes: int, per_batch: int = 3
+) -> dict[tuple[str, int], list[Record]]:
+    """`flushes` Produce requests (one ingest file each), every one holding a batch for
+    every partition of every topic, in codecs taking turns; what each partition holds."""
+    expected: dict[tuple[str, int], list[Record]] = {
+        (t, p): [] for t, n in topics.items() for p in range(n)
+    }
+    ts0 = int(time.time() * 1000) - 100_000
+    with WireClient(broker.bootstrap) as client:
+        for i in range(flushes):
+            data: dict[str, dict[int, bytes]] = {}
+            for t, n in topics.items():
+                data[t] = {}
+                for p in range(n):
+                    records = []
+                    for r in range(per_batch):
+                        offset = len(expected[t, p])
+                        key = None if r == 1 else b"key-%d" % offset
+                        value = b"%s/%d/%d " % (t.encode(), p, offset) * (1 + offset % 7)
+                        headers = [("h", b"%d" % offset)] if r != 2 else []
+                        records.append((key, value, headers, ts0 + i * 10 + r))
+                        expected[t, p].append((offset, key, value, headers, ts0 + i * 10 + r))
+                    data[t][p] = build_batch(records, compression=CODECS[(i + p) % len(CODECS)])
+            answer = produce(client, data)
+            assert all(a.error_code == 0 for a in answer.values()), answer
+    return expected
+
+
+def test_many_flushes_end_in_a_few_objects_per_partition_and_read_back_exactly(
+    start_broker, tmp_path
+):
+    data_dir = tmp_path / "data"
+    broker = start_broker(extra_args=OFF, data_dir=data_dir)
+    topics = {"c1": 3, "c2": 2}  # both in every ingest file
+    for name, partitions in topics.items():
+        create(broker, name, partitions)
+    expected = produce_flushes(broker, topics, flushes=48)
+    assert objects_per_partition(broker, "c1", 3) == [48, 48, 48]
+    before = {t: read_records(broker, t, n, 48 * 3 * n) for t, n in topics.items()}
+    for t, n in topics.items():
+        assert before[t] == {p: expected[t, p] for p in range(n)}
+    broker.stop()
+
+    again = start_broker(extra_args=COMPACT, data_dir=data_dir, port=broker.port)
+    # 48 ingest files -> 12 level-1 objects (4 each) -> per partition 3 level-2 objects
+    # (4 level-1 objects' entries each); the replaced objects go after the delete delay.
+    wait_for("ingest files deleted", lambda: again.object_keys("ingest/") == [], timeout=60)
+    wait_for(
+        "level-2 jobs done",
+        lambda: again.stats().get("compaction", {}).get("l2_jobs") == 15,
+        timeout=30,
+    )
+    assert objects_per_partition(again, "c1", 3) == [3, 3, 3]
+    assert objects_per_partition(again, "c2", 2) == [3, 3]
+    wait_for(
+        "level-1 objects deleted",
+        lambda: len(again.object_keys("compacted/")) == 15,
+        timeout=30,
+    )
+    assert set(again.object_keys("compacted/")) == referenced_objects(again)
+    stats = again.stats()["compaction"]
+    assert (stats["l1_jobs"], stats["l1_dropped"], stats["l2_dropped"], stats["failures"]) == (
+        12,
+        0,
+        0,
+        0,
+    )
+    assert stats["bytes_written"] > 0 and stats["cpu_seconds"] > 0
+    assert stats["entries_replaced"] == 48 * 5 + 12 * 5
+    for t, n in topics.items():
+        assert read_records(again, t, n, 48 * 3 * n) == before[t]
+        for p in range(n):
+            assert offsets(again, t, p) == (0, 48 * 3)
+
+
+def test_aborted_transactions_stay_hidden_in_compacted_objects(start_broker, tmp_path):
+    data_dir = tmp_path / "data"
+    broker = start_broker(extra_args=OFF, data_dir=data_dir)
+    create(broker, "tx", 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "t1"})
+    producer.init_transactions(15)
+    committed = []
+    for i in range(12):
+        producer.begin_transaction()
+        for j in range(4):
+            value = b"txn-%d-%d" % (i, j)
+            producer.produce("tx", value=value, partition=j % 2)
+            producer.flush(10)  # an ingest file each
+            if i % 3 != 1:
+                committed.append(value)
+        if i % 3 == 1:
+            producer.abort_transaction(15)
+        else:
+            producer.commit_transaction(15)
+    plain = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "zstd"})
+    for k in range(6):
+        plain.produce("tx", value=b"plain-%d" % k, key=b"k", partition=k % 2)
+        plain.flush(10)
+        committed.append(b"plain-%d" % k)
+
+    def read_both(b: BrokerProcess):
+        return (
+            read_records(b, "tx", 2, len(committed), **READ_COMMITTED),
+            read_records(b, "tx", 2, 12 * 4 + 6, **READ_UNCOMMITTED),
+        )
+
+    before_committed, before_all = read_both(broker)
+    assert sorted(r[2] for rs in before_committed.values() for r in rs) == sorted(committed)
+    aborted = {r[2] for rs in before_all.values() for r in rs} - set(committed)
+    assert len(aborted) == 4 * 4  # read_uncommitted sees the aborted records
+    before_objects = objects_per_partition(broker, "tx", 2)
+    assert min(before_objects) >= 30
+    broker.stop()
+
+    again = start_broker(extra_args=COMPACT, data_dir=data_dir, port=broker.port)
+    wait_for("ingest files compacted", lambda: queued_ingest_files(again) <= 1, timeout=60)
+    wait_for("level-2 jobs done", lambda: again.stats().get("compaction", {}).get("l2_jobs"))
+    assert max(objects_per_partition(again, "tx", 2)) <= 8
+    # Offsets, values, and what read_committed hides: all as before.
+    assert read_both(again) == (before_committed, before_all)
+
+
+def test_a_fetch_with_an_index_lookup_from_before_a_compaction_still_reads(start_broker):
+    # Entries an agent read are used for half the delete delay (10 s here); the objects
+    # they name are deleted 20 s after the compaction that replaced them.
+    broker = start_broker(
+        extra_args=[
+            *COMPACT,
+            "--compaction-min-age-ms",
+            "2500",
+            "--object-delete-delay-ms",
+            "20000",
+        ]
+    )
+    create(broker, "held")
+    ts = int(time.time() * 1000)
+    with WireClient(broker.bootstrap) as client:
+        for i in range(8):
+            batch = build_batch([(None, b"v%d" % i, [], ts + i)], compression=CODECS[i % 5])
+            assert produce(client, {"held": {0: batch}})["held", 0].error_code == 0
+
+        def read() -> list[bytes]:
+            answer = fetch(client, "held", 0, 0)
+            assert answer.error_code == 0, answer
+            return [r.value for r in _records(answer.records)]
+
+        first = read()  # the entries of the 8 ingest files are now held in memory
+        assert first == [b"v%d" % i for i in range(8)]
+        wait_for("compacted", lambda: broker.stats().get("compaction", {}).get("l1_jobs", 0) >= 2)
+        # Read again with the entries held: they name the ingest files, still there.
+        assert len(broker.object_keys("ingest/")) == 8
+        assert read() == first
+        wait_for("ingest files deleted", lambda: broker.object_keys("ingest/") == [], timeout=40)
+        # The entries held have expired: read again from the index, the compacted object.
+        assert read() == first
+    wait_for("expiry counted", lambda: broker.stats()["chunk_cache"]["expired"] >= 1)
+
+
+def _records(data: bytes) -> list:
+    from protocol.records import iter_batches, iter_records
+
+    return [r for view in iter_batches(data) for r in iter_records(view)]
