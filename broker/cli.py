@@ -165,9 +165,9 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     (
         "compaction-max-entries",
         _positive,
-        10_000,
-        "chunk entries one job replaces at most, so its commit stays far within"
-        " FoundationDB's 10 MB and 5 s",
+        2_000,
+        "chunk entries one job replaces at most: its commit (about 330 bytes an entry) stays"
+        " far within FoundationDB's 10 MB and 5 s, and holds SQLite's write lock briefly",
     ),
     (
         "compaction-entry-bytes",

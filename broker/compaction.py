@@ -62,7 +62,7 @@ class CompactionSettings:
     min_age_ms: int = 30_000
     max_inputs: int = 32
     max_job_bytes: int = 64 * 1024 * 1024
-    max_entries: int = 10_000
+    max_entries: int = 2_000
     entry_bytes: int = 256 * 1024
     max_jobs: int = 1
     lease_ms: int = 120_000

@@ -55,7 +55,7 @@ class BrokerConfig:
     compaction_min_age_ms: int = 30_000
     compaction_max_inputs: int = 32
     compaction_max_job_bytes: int = 64 * 1024 * 1024
-    compaction_max_entries: int = 10_000
+    compaction_max_entries: int = 2_000
     compaction_entry_bytes: int = 256 * 1024
     compaction_max_jobs: int = 1
     compaction_lease_ms: int = 120_000

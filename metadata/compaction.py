@@ -43,7 +43,14 @@ from typing import Any
 from metadata import keys
 from metadata.kv import ReadTransaction, Transaction
 from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference
-from metadata.log import ChunkEntry, clear_entry, decode_entry, object_entries, put_entry
+from metadata.log import (
+    ChunkEntry,
+    clear_chunk_range,
+    clear_reverse_index,
+    decode_entry,
+    object_entries,
+    put_entry,
+)
 
 L1 = 1
 L2 = 2
@@ -56,7 +63,7 @@ PASSED_OVER = 8  # runs inside one object a level-2 plan passes over, at most
 class Limits:
     max_inputs: int = 32
     max_bytes: int = 64 * 1024 * 1024
-    max_entries: int = 10_000
+    max_entries: int = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +151,9 @@ def plan_l1(
             tr.clear(row_key)  # nothing left, or never fits a job
             continue
         if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:
-            continue  # may fit a later job
+            if len(chosen) >= 2:
+                break  # full
+            continue  # may fit a later job; look for smaller ones to go with
         chosen.append((int(created), str(object_key), found))
         total_bytes += size
         total_entries += len(found)
@@ -385,14 +394,18 @@ def _check_output(plan: Plan, outputs: Sequence[JobEntry]) -> None:
 # -- commit -------------------------------------------------------------------------------
 
 
-def _changed(tr: ReadTransaction, sub: keys.Subspace, plan: Plan) -> str | None:
-    """Why the plan no longer holds (None: every input entry is as it read it)."""
+def _changed(
+    tr: ReadTransaction, sub: keys.Subspace, plan: Plan
+) -> tuple[str | None, set[tuple[bytes, int]]]:
+    """Why the plan no longer holds (None: every input entry is as it read it), and the
+    partitions whose input entries are all the entries between their first and last."""
     topics: dict[bytes, bool] = {}
+    alone: set[tuple[bytes, int]] = set()
     for topic_id, partition, entries in plan.partitions():
         if topic_id not in topics:
             topics[topic_id] = tr.get(sub.key(keys.TOPIC, topic_id)) is not None
         if not topics[topic_id]:
-            return f"topic {topic_id.hex()} was deleted"
+            return f"topic {topic_id.hex()} was deleted", alone
         begin = sub.key(keys.CHUNK, topic_id, partition, entries[0].last_offset)
         end = sub.key(keys.CHUNK, topic_id, partition, entries[-1].last_offset) + b"\x00"
         found = {}
@@ -401,11 +414,14 @@ def _changed(tr: ReadTransaction, sub: keys.Subspace, plan: Plan) -> str | None:
             found[entry.last_offset] = entry
         for entry in entries:
             if found.get(entry.last_offset) != entry:
-                return (
+                reason = (
                     f"the entry of offsets {entry.base_offset}-{entry.last_offset} of "
                     f"partition {partition} changed"
                 )
-    return None
+                return reason, alone
+        if len(found) == len(entries):
+            alone.add((topic_id, partition))
+    return None, alone
 
 
 def release(tr: Transaction, sub: keys.Subspace, plan: Plan, node_id: int) -> None:
@@ -448,14 +464,13 @@ def commit_job(
     delete_delay_ms: int,
 ) -> JobResult:
     """Re-point the plan's entries to the uploaded output, if none of them changed."""
-    reason = _changed(tr, sub, plan)
+    reason, alone = _changed(tr, sub, plan)
     if reason is not None:
         discard_output(tr, sub, object_key, object_size, plan.level, now_ms)
         release(tr, sub, plan, node_id)
         return JobResult(False, reason)
     _check_output(plan, outputs)
-    for e in plan.entries:
-        clear_entry(tr, sub, e.topic_id, e.partition, e.entry)
+    _clear_inputs(tr, sub, plan, alone)
     for e in outputs:
         put_entry(tr, sub, e.topic_id, e.partition, e.entry)
     for input_key, count in Counter(e.entry.object_key for e in plan.entries).items():
@@ -473,6 +488,31 @@ def commit_job(
     if plan.level == L2 and plan.partition is not None:
         _took_level_one(tr, sub, plan)
     return JobResult(True)
+
+
+def _clear_inputs(
+    tr: Transaction, sub: keys.Subspace, plan: Plan, alone: set[tuple[bytes, int]]
+) -> None:
+    """Clear the input entries and their copies in the reverse index, with one range
+    where that is exact: a range costs one key to build, single clears one an entry."""
+    whole_objects = plan.level == L1  # a level-1 plan takes every entry of its inputs
+    for topic_id, partition, entries in plan.partitions():
+        if (topic_id, partition) in alone:
+            first, last = entries[0].last_offset, entries[-1].last_offset
+            clear_chunk_range(tr, sub, topic_id, partition, first, last)
+        else:
+            for entry in entries:
+                tr.clear(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset))
+        if not whole_objects:
+            for entry in entries:
+                tr.clear(
+                    sub.key(
+                        keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset
+                    )
+                )
+    if whole_objects:
+        for input_key in plan.input_keys:
+            clear_reverse_index(tr, sub, input_key)
 
 
 def _add_level_one(

@@ -6,8 +6,10 @@ producer sequence, gives accepted batches dense offsets from the watermark, writ
 chunk entry per run of byte-contiguous accepted batches and advances the watermark. A
 rejected batch keeps its bytes in the object but gets no offsets and no entry.
 
-A chunk entry is written and cleared only with `put_entry` and `clear_entry`, which keep
-its copy in the object's reverse index (OBJECT_CHUNK) with it. The ingest file is a
+A chunk entry and its copy in the object's reverse index (OBJECT_CHUNK) are written and
+cleared together: with `put_entry` and `clear_entry`, or by metadata.compaction, which
+replaces many entries at once and clears them with ranges where it can
+(`clear_chunk_range`, `clear_reverse_index`). The ingest file is a
 level-0 object (`INGEST_LEVEL`), queued for compaction (L0_OBJECT) from its commit on.
 
 Offsets never move backwards: the watermark only grows, and it is read from the store.
@@ -137,6 +139,22 @@ def clear_entry(
     """Remove a chunk entry and its copy in the reverse index."""
     tr.clear(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset))
     tr.clear(sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset))
+
+
+def clear_chunk_range(
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, first: int, last: int
+) -> None:
+    """Remove the partition's entries whose last offsets lie in [first, last] (their
+    copies in the reverse index stay: see clear_reverse_index)."""
+    tr.clear_range(
+        sub.key(keys.CHUNK, topic_id, partition, first),
+        sub.key(keys.CHUNK, topic_id, partition, last) + b"\x00",
+    )
+
+
+def clear_reverse_index(tr: Transaction, sub: keys.Subspace, object_key: str) -> None:
+    """Remove the copies of every entry naming the object (the entries go too)."""
+    tr.clear_range(*sub.range(keys.OBJECT_CHUNK, object_key))
 
 
 def object_entries(

@@ -170,6 +170,20 @@ def test_limits_of_bytes_and_entries(kv):
     assert _plan_l1(kv, max_entries=3).input_keys == ["a", "b"]
 
 
+def test_a_commit_leaves_the_entries_between_its_inputs_alone(kv):
+    topic = _topic(kv, partitions=1)
+    for key in "abc":
+        _append(kv, topic, key, {0: [(1, 10)]})  # offsets 0, 1, 2
+    full = _plan_l1(kv)
+    # A plan of a and c (b's entry lies between them: claimed by another job, say).
+    plan = Plan(L1, tuple(e for e in full.entries if e.entry.object_key != "b"))
+    assert _commit(kv, plan, "x", size=208).committed
+    assert _entries(kv, topic) == [("x", 0, 0), ("b", 1, 1), ("x", 2, 2)]
+    assert _reverse(kv, "b") == [(0, 1, 1)] and _reverse(kv, "a") == _reverse(kv, "c") == []
+    assert _reverse(kv, "x") == [(0, 0, 0), (0, 2, 2)]
+    assert _object(kv, "b").live_entries == 1
+
+
 def _change_retention(kv, topic):
     _retain(kv, topic, now=NOW, retention_ms=NOW - 15, retention_bytes=-1)  # a's p0 entry
 
