@@ -271,3 +271,23 @@ def _records(data: bytes) -> list:
     from protocol.records import iter_batches, iter_records
 
     return [r for view in iter_batches(data) for r in iter_records(view)]
+
+
+def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
+    data_dir = tmp_path / "data"
+    broker = start_broker(agents=2, extra_args=OFF, data_dir=data_dir)
+    create(broker, "two", 4)
+    expected = produce_flushes(broker, {"two": 4}, flushes=48)
+    broker.stop()
+
+    again = start_broker(agents=2, extra_args=COMPACT, data_dir=data_dir, port=broker.port)
+
+    def total(name: str) -> int:
+        return sum(again.stats(port).get("compaction", {}).get(name, 0) for port in again.ports)
+
+    wait_for("ingest files deleted", lambda: again.object_keys("ingest/") == [], timeout=60)
+    wait_for("level-2 jobs done", lambda: total("l2_jobs") == 12, timeout=30)
+    # Claims kept the agents apart: 12 level-1 jobs in all, none dropped.
+    assert (total("l1_jobs"), total("l1_dropped"), total("l2_dropped")) == (12, 0, 0)
+    assert objects_per_partition(again, "two", 4) == [3, 3, 3, 3]
+    assert read_records(again, "two", 4, 48 * 3 * 4) == {p: expected["two", p] for p in range(4)}

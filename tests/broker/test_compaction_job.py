@@ -1,0 +1,126 @@
+"""A compaction job's output, built from real ingest files in a real local folder store and
+planned in real SQLite metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+
+import pytest
+
+from broker.compaction import build_output
+from metadata import compaction, keys, log, topics
+from metadata.sqlite_kv import SQLiteKV
+from protocol.records import build_batch, iter_batches
+from storage.ingest import decode_footer, encode_ingest_file
+from storage.local import LocalObjectStore
+
+SUB = keys.cluster_subspace("compaction-job-test")
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+    store = LocalObjectStore(str(tmp_path / "objects"))
+    topic = kv.transact_sync(
+        lambda tr: topics.create_topic(tr, SUB, "t", uuid.uuid4().bytes, 2, {}, 0)
+    )
+    yield kv, store, topic
+    kv.close()
+
+
+def _ingest(kv, store, topic, key: str, values: dict[int, list[list[bytes]]]) -> bytes:
+    """Write and commit an ingest file: per partition, batches of the given values."""
+    chunks = [
+        (topic.topic_id, p, [build_batch([(None, v, [], 1000) for v in vs]) for vs in batches])
+        for p, batches in values.items()
+    ]
+    data, locations = encode_ingest_file(chunks)
+    pending = []
+    for (_t, p, batches), loc in zip(chunks, locations, strict=True):
+        for batch, start in zip(batches, loc.batch_starts, strict=True):
+            (view,) = iter_batches(batch)
+            pending.append(
+                log.PendingBatch(
+                    topic.topic_id, p, start, len(batch), view.last_offset_delta, 1000, -1, -1, -1
+                )
+            )
+    store.put_sync(key, data, if_absent=True)
+    kv.transact_sync(lambda tr: log.commit_ingest(tr, SUB, key, len(data), 1, pending))
+    return data
+
+
+def _plan(kv) -> compaction.Plan:
+    plan = kv.transact_sync(
+        lambda tr: compaction.plan_l1(tr, SUB, 1, 10**6, 0, compaction.Limits(), 1000)
+    )
+    assert plan is not None
+    return plan
+
+
+def _values(data: bytes) -> list[bytes]:
+    from protocol.records import iter_records
+
+    return [r.value for view in iter_batches(data) for r in iter_records(view)]
+
+
+def test_the_output_holds_each_partitions_batches_byte_for_byte_in_offset_order(setup):
+    kv, store, topic = setup
+    first = _ingest(kv, store, topic, "ingest/a", {0: [[b"a0", b"a1"], [b"a2"]], 1: [[b"x0"]]})
+    second = _ingest(kv, store, topic, "ingest/b", {1: [[b"x1"]], 0: [[b"a3"]]})
+    plan = _plan(kv)
+    gets = store.stats["gets"]
+    built = build_output(store, plan, {"ingest/b": second}, "compacted/x")
+    # ingest/a's entries are next to each other: one GET; ingest/b came from the cache.
+    assert store.stats["gets"] == gets + 1
+    assert built.bytes_cached == sum(
+        e.entry.length for e in plan.entries if "b" in e.entry.object_key
+    )
+    output = store.get_sync("compacted/x")
+    assert len(output) == built.size
+    locations = decode_footer(output)
+    assert [(loc.partition, loc.start) for loc in locations] == [
+        (p, s) for (_t, p, _e), s in zip(plan.partitions(), built.chunk_starts, strict=True)
+    ]
+    for (_t, _p, entries), loc in zip(plan.partitions(), locations, strict=True):
+        sources = {"ingest/a": first, "ingest/b": second}
+        inputs = b"".join(sources[e.object_key][e.start : e.start + e.length] for e in entries)
+        assert output[loc.start : loc.end] == inputs
+    outputs = compaction.output_entries(plan, "compacted/x", built.chunk_starts, 1 << 20)
+    assert kv.transact_sync(
+        lambda tr: compaction.commit_job(
+            tr, SUB, plan, 1, "compacted/x", built.size, outputs, 10**6, 1000
+        )
+    ).committed
+    read = {
+        p: kv.transact_sync(lambda tr, p=p: log.read_chunks(tr, SUB, topic.topic_id, p, 0))
+        for p in (0, 1)
+    }
+    assert [(e.object_key, e.base_offset, e.last_offset) for e in read[0]] == [
+        ("compacted/x", 0, 3)
+    ]
+    (entry,) = read[0]
+    assert _values(output[entry.start : entry.start + entry.length]) == [b"a0", b"a1", b"a2", b"a3"]
+    (entry,) = read[1]
+    assert _values(output[entry.start : entry.start + entry.length]) == [b"x0", b"x1"]
+
+
+def test_an_entry_whose_bytes_do_not_hold_its_offsets_fails_the_job(setup):
+    kv, store, topic = setup
+    _ingest(kv, store, topic, "ingest/a", {0: [[b"a0", b"a1"]]})
+    _ingest(kv, store, topic, "ingest/b", {0: [[b"a2"]]})
+    plan = _plan(kv)
+    wrong = dataclasses.replace(plan.entries[0].entry, batch_count=2)  # it holds one
+    bad = dataclasses.replace(
+        plan, entries=(dataclasses.replace(plan.entries[0], entry=wrong), *plan.entries[1:])
+    )
+    with pytest.raises(ValueError, match="not the entry's"):
+        build_output(store, bad, {}, "compacted/x")
+    assert [info.key for info in _list(store, "compacted/")] == []
+
+
+def _list(store, prefix):
+    import anyio
+
+    return anyio.run(store.list, prefix)
