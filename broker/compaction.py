@@ -19,8 +19,10 @@ Rules:
 - An output not committed within half of `orphan_min_age_ms` after its upload began is
   never committed (the orphan sweep could have deleted it): it is recorded dead at once,
   as is the output of a job whose commit found an input changed.
-- A failure (the object store, the metadata store) is logged; the job's claims are given
-  up and the pass ends, so the next pass plans again. Killed anywhere, a job leaves
+- A failure (the object store, the metadata store, an entry whose bytes are not what it
+  says) is logged and ends the pass; the job's claims are left to expire, so that its
+  inputs wait `lease_ms` before they are tried again while later passes plan others (an
+  input that cannot be read never blocks compaction). Killed anywhere, a job leaves
   claims that expire, an upload the orphan sweep deletes, or a committed job whose
   inputs garbage collection deletes after the delete delay: never a lost record.
 """
@@ -231,11 +233,10 @@ class Compaction:
             try:
                 if await self.run_job(plan):
                     committed += 1
-            except Exception as exc:
+            except Exception as exc:  # its claims expire: a back-off for its inputs
                 failed = True
                 self.stats.failures += 1
                 logger.warning("compaction job of %d objects failed: %s", len(plan.input_keys), exc)
-                await self._release(plan)
             finally:
                 self._slots.release()
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.compaction import build_output
+from broker.compaction import Compaction, CompactionSettings, build_output
 from metadata import compaction, keys, log, topics
 from metadata.sqlite_kv import SQLiteKV
 from protocol.records import build_batch, iter_batches
+from storage.cache import ObjectCache
 from storage.ingest import decode_footer, encode_ingest_file
 from storage.local import LocalObjectStore
 
@@ -124,3 +125,32 @@ def _list(store, prefix):
     import anyio
 
     return anyio.run(store.list, prefix)
+
+
+@dataclasses.dataclass
+class _Agent:
+    """What compaction needs of an agent."""
+
+    kv: SQLiteKV
+    store: LocalObjectStore
+    sub: keys.Subspace = SUB
+    node_id: int = 1
+    cache: ObjectCache = dataclasses.field(default_factory=lambda: ObjectCache(1 << 20))
+
+    def topic_config(self, topic: topics.Topic, name: str) -> str:
+        return {"cleanup.policy": "delete", "retention.ms": "-1"}[name]
+
+
+async def test_a_job_that_fails_leaves_its_inputs_claimed_and_the_next_pass_plans_others(setup):
+    kv, store, topic = setup
+    for key in "abcd":
+        _ingest(kv, store, topic, f"ingest/{key}", {0: [[key.encode()]]})
+    await store.delete("ingest/a")  # an input that cannot be read
+    settings = CompactionSettings(max_inputs=2, min_age_ms=1)
+    job = Compaction(_Agent(kv, store), settings)
+    assert await job.run_pass() == 0
+    assert (job.stats.failures, job.stats.l1_jobs) == (1, 0)
+    # a and b stay claimed until the lease runs out: c and d go first.
+    assert await job.run_pass() == 1
+    entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    assert [e.object_key.split("/")[0] for e in entries] == ["ingest", "ingest", "compacted"]
