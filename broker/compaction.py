@@ -18,7 +18,8 @@ Rules:
   must hold exactly the entry's offsets, or the job fails and nothing is committed.
 - An output not committed within half of `orphan_min_age_ms` after its upload began is
   never committed (the orphan sweep could have deleted it): it is recorded dead at once,
-  as is the output of a job whose commit found an input changed.
+  as is the output of a job whose commit found an input changed. A dropped job ends the
+  pass: the next one plans from what changed.
 - A failure (the object store, the metadata store, an entry whose bytes are not what it
   says) is logged and ends the pass; the job's claims are left to expire, so that its
   inputs wait `lease_ms` before they are tried again while later passes plan others (an
@@ -223,16 +224,19 @@ class Compaction:
                 logger.warning("compaction pass failed, will try again: %s", exc)
 
     async def run_pass(self) -> int:
-        """Plan and run jobs until none is left (or one fails); the jobs committed."""
+        """Plan and run jobs until none is left (or one fails or is dropped); the jobs
+        committed."""
         spans = await self._spans()
         committed = 0
-        failed = False
+        failed = False  # or dropped
 
         async def job(plan: Plan) -> None:
             nonlocal committed, failed
             try:
                 if await self.run_job(plan):
                     committed += 1
+                else:
+                    failed = True  # dropped: plan again in the next pass
             except Exception as exc:  # its claims expire: a back-off for its inputs
                 failed = True
                 self.stats.failures += 1

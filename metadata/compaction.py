@@ -133,12 +133,14 @@ def plan_l1(
     limits together (two at least: one alone gains nothing); None when there are not two.
 
     An object that alone passes max_bytes or max_entries leaves the queue: it stays a
-    level-0 object until retention takes it.
+    level-0 object until retention takes it. An object holding entries of a deleted topic
+    waits until garbage collection has dropped them (a commit would be refused).
     """
     begin, _end = sub.range(keys.L0_OBJECT)
     end = sub.key(keys.L0_OBJECT, now_ms - min_age_ms + 1)
     chosen: list[tuple[int, str, list[JobEntry]]] = []
     total_bytes = total_entries = 0
+    topics: dict[bytes, bool] = {}
     for row_key, value in tr.get_range(begin, end, limit=SCAN):
         if len(chosen) == limits.max_inputs:
             break
@@ -149,6 +151,8 @@ def plan_l1(
         size = sum(e.entry.length for e in found)
         if not found or size > limits.max_bytes or len(found) > limits.max_entries:
             tr.clear(row_key)  # nothing left, or never fits a job
+            continue
+        if not all(_topic_exists(tr, sub, topics, e.topic_id) for e in found):
             continue
         if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:
             if len(chosen) >= 2:
@@ -166,6 +170,14 @@ def plan_l1(
         _sorted([e for _c, _k, found in chosen for e in found]),
         queued=tuple((created, key) for created, key, _found in chosen),
     )
+
+
+def _topic_exists(
+    tr: ReadTransaction, sub: keys.Subspace, known: dict[bytes, bool], topic_id: bytes
+) -> bool:
+    if topic_id not in known:
+        known[topic_id] = tr.get(sub.key(keys.TOPIC, topic_id)) is not None
+    return known[topic_id]
 
 
 def _claim(node_id: int, now_ms: int, lease_ms: int) -> bytes:
@@ -402,9 +414,7 @@ def _changed(
     topics: dict[bytes, bool] = {}
     alone: set[tuple[bytes, int]] = set()
     for topic_id, partition, entries in plan.partitions():
-        if topic_id not in topics:
-            topics[topic_id] = tr.get(sub.key(keys.TOPIC, topic_id)) is not None
-        if not topics[topic_id]:
+        if not _topic_exists(tr, sub, topics, topic_id):
             return f"topic {topic_id.hex()} was deleted", alone
         begin = sub.key(keys.CHUNK, topic_id, partition, entries[0].last_offset)
         end = sub.key(keys.CHUNK, topic_id, partition, entries[-1].last_offset) + b"\x00"

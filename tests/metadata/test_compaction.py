@@ -184,6 +184,21 @@ def test_a_commit_leaves_the_entries_between_its_inputs_alone(kv):
     assert _object(kv, "b").live_entries == 1
 
 
+def test_an_ingest_file_holding_a_deleted_topics_entries_waits_for_them_to_go(kv):
+    gone, kept = _topic(kv, "gone", partitions=1), _topic(kv, "kept", partitions=1)
+    for key in "ab":  # both topics in each
+        batches = [
+            log.PendingBatch(gone.topic_id, 0, 0, 100, 0, 10, -1, -1, -1),
+            log.PendingBatch(kept.topic_id, 0, 101, 100, 0, 10, -1, -1, -1),
+        ]
+        kv.transact_sync(lambda tr, k=key, b=batches: log.commit_ingest(tr, SUB, k, 201, 1, b))
+    _append(kv, kept, "c", {0: [(1, 10)]})
+    kv.transact_sync(lambda tr: topics.delete_topic(tr, SUB, "gone", NOW))
+    assert _plan_l1(kv) is None  # a and b would be refused; c alone gains nothing
+    kv.transact_sync(lambda tr: lifecycle.reap_deleted_topic(tr, SUB, gone.topic_id, 1, NOW, DELAY))
+    assert _plan_l1(kv).input_keys == ["a", "b", "c"]
+
+
 def _change_retention(kv, topic):
     _retain(kv, topic, now=NOW, retention_ms=NOW - 15, retention_bytes=-1)  # a's p0 entry
 
