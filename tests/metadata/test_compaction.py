@@ -4,8 +4,9 @@ re-pointing commit that replaces exactly the planned entries or nothing at all."
 from __future__ import annotations
 
 import pytest
+from kio.schema.errors import ErrorCode
 
-from metadata import compaction, keys, lifecycle, log, topics
+from metadata import cluster, compaction, keys, lifecycle, log, producers, topics, txns
 from metadata.compaction import L1, L2, JobEntry, Limits, Plan
 from metadata.kv import KV
 from tests.metadata.test_lifecycle import (
@@ -335,3 +336,91 @@ def test_an_output_that_does_not_hold_the_inputs_is_refused(kv):
             lambda tr: compaction.commit_job(tr, SUB, plan, 1, "x", 300, outputs, NOW, DELAY)
         )
     assert _entries(kv, topic) == [("a", 0, 0), ("b", 1, 1)]
+
+
+# Keys a compaction commit may change: the chunk index and the objects' bookkeeping.
+COMPACTION_KEYS = {
+    keys.CHUNK,
+    keys.OBJECT,
+    keys.DEAD_OBJECT,
+    keys.OBJECT_CHUNK,
+    keys.L0_OBJECT,
+    keys.L1_PARTITION,
+}
+
+
+def _everything_else(kv: KV) -> list[tuple[bytes, bytes]]:
+    """Every key and value of the cluster outside the chunk index, the objects'
+    bookkeeping and the tallies: partitions, producers, transactions, aborted markers..."""
+    rows = kv.transact_sync(lambda tr: tr.get_range(*SUB.range()))
+    kept = []
+    for key, value in rows:
+        tag = SUB.unpack(key)[0]
+        if tag in COMPACTION_KEYS or (tag == keys.CLUSTER and SUB.unpack(key)[1] == "tally"):
+            continue
+        kept.append((key, value))
+    return kept
+
+
+def test_compaction_leaves_partitions_producers_and_transactions_byte_for_byte(kv):
+    """High watermarks, log start offsets, producer state (last sequences), open and
+    aborted transactions: a level-1 and a level-2 commit change none of their keys."""
+    topic = _topic(kv, partitions=1)
+
+    def setup(tr):
+        idem = cluster.allocate_producer_id(tr, SUB)
+        producers.put_producer(tr, SUB, producers.ProducerIdentity(idem, 0, None))
+        txn = cluster.allocate_producer_id(tr, SUB)
+        producers.put_producer(tr, SUB, producers.ProducerIdentity(txn, 0, "tx"))
+        txns.put_txn(tr, SUB, txns.Txn("tx", txn, 0, txns.TxnState.EMPTY, 60000, -1, 0, (), ()))
+        return idem, txn
+
+    idem, txn = kv.transact_sync(setup)
+
+    def batch(count, pid=-1, seq=-1, transactional=False, control=log.NOT_CONTROL, start=0):
+        return log.PendingBatch(
+            topic.topic_id,
+            0,
+            start,
+            100,
+            count - 1,
+            50,
+            pid,
+            0 if pid >= 0 else -1,
+            seq,
+            transactional,
+            control,
+        )
+
+    def add_partition(tr):
+        txns.add_partitions(tr, SUB, "tx", txn, 0, [(topic.topic_id, 0)], 1)
+
+    def commit(key, batches):
+        results = kv.transact_sync(lambda tr: log.commit_ingest(tr, SUB, key, 1000, 1, batches))
+        assert all(r.error == ErrorCode.none for r in results), results
+
+    kv.transact_sync(add_partition)
+    commit(
+        "a", [batch(2, pid=idem, seq=0), batch(3, pid=txn, seq=0, transactional=True, start=200)]
+    )
+    commit("b", [batch(1, pid=txn, control=log.ABORT_MARKER, transactional=True)])
+    kv.transact_sync(add_partition)
+    commit(
+        "c", [batch(2, pid=idem, seq=2), batch(1, pid=txn, seq=3, transactional=True, start=200)]
+    )
+    commit("d", [batch(1), batch(2, pid=idem, seq=4, start=200)])  # the transaction stays open
+    _change_delete_records(kv, topic)  # a log start above zero (2)
+    before = _everything_else(kv)
+    assert any(SUB.unpack(k)[0] == keys.ABORTED for k, _v in before)
+    assert any(SUB.unpack(k)[0] == keys.PRODUCER_STATE for k, _v in before)
+
+    plan = _plan_l1(kv, max_inputs=2)
+    assert plan is not None and _commit(kv, plan, "x").committed
+    plan = _plan_l1(kv, max_inputs=2)
+    assert plan is not None and _commit(kv, plan, "y").committed
+    assert {e.object_key for e in _full_entries(kv, topic)} == {"x", "y"}
+    assert _everything_else(kv) == before
+    plan = _plan_l2(kv, max_inputs=2)
+    assert plan is not None and _commit(kv, plan, "z").committed
+    assert {e.object_key for e in _full_entries(kv, topic)} == {"z"}
+    assert _everything_else(kv) == before
