@@ -11,6 +11,11 @@ with the LOG_APPEND_TIME bit, that time as maxTimestamp and a new CRC. The answe
 log_append_time is that time (-1 on CreateTime topics, whose batches stay views of the
 request). A producer's own LOG_APPEND_TIME batch is refused there with INVALID_TIMESTAMP.
 The config is read per request, so a change applies to the batches produced after it.
+
+A compacted topic (cleanup.policy holds "compact") keeps the latest record per key, so a
+record without a key has no place in it: such a batch is refused with INVALID_RECORD,
+every keyless record listed, in Kafka's words (LogValidator.validateKey). Only for those
+topics are the records decoded here.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from protocol.records import (
     LOG_APPEND_TIME,
     RecordBatchError,
     RecordBatchView,
+    iter_records,
     validate_produce_records,
     with_log_append_time,
 )
@@ -59,6 +65,31 @@ def _partition_answer(
     }
 
 
+def _record_errors(index: int, errors: list[tuple[int, str]]) -> dict[str, Any]:
+    """Kafka's INVALID_RECORD answer for records refused one by one (LogValidator's
+    processRecordErrors): each (index in the batch, why) listed, the first three in the
+    message."""
+    shown = ", ".join(f"RecordError(batchIndex={i}, message='{why}')" for i, why in errors[:3])
+    answer = _partition_answer(
+        index,
+        AppendResult(ErrorCode.invalid_record),
+        f"One or more records have been rejected due to {len(errors)} record errors in total, "
+        f"and only showing the first three errors at most: [{shown}]",
+    )
+    answer["record_errors"] = [
+        {"batch_index": i, "batch_index_error_message": why} for i, why in errors
+    ]
+    return answer
+
+
+def _keyless_records(view: RecordBatchView, topic: str, partition: int) -> list[tuple[int, str]]:
+    """The records a compacted topic refuses: those without a key."""
+    why = (
+        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}"
+    )
+    return [(i, why) for i, record in enumerate(iter_records(view)) if record.key is None]
+
+
 def _invalid_timestamp(index: int, record_count: int) -> dict[str, Any]:
     """Kafka's answer to a producer's LOG_APPEND_TIME batch for a LogAppendTime topic
     (LogValidator.validateTimestamp): every record is in error."""
@@ -87,10 +118,12 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     for topic_data in request.topic_data:
         name = topic_data.name
         topic = await agent.topic(name)
-        max_bytes, log_append_time = 0, False
+        max_bytes, log_append_time, compacted = 0, False, False
         if topic is not None:
             max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
             log_append_time = agent.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
+            policy = agent.topic_config(topic, "cleanup.policy").split(",")
+            compacted = "compact" in (p.strip() for p in policy)
         for pdata in topic_data.partition_data:
             key = (name, pdata.index)
             order.append(key)
@@ -106,10 +139,14 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                     raise RecordBatchError(
                         ErrorCode.invalid_record, "A transactional batch needs a producer id"
                     )
+                keyless = _keyless_records(view, name, pdata.index) if compacted else []
             except RecordBatchError as exc:
                 answers[key] = _partition_answer(
                     pdata.index, AppendResult(exc.error_code), str(exc) or None
                 )
+                continue
+            if keyless:
+                answers[key] = _record_errors(pdata.index, keyless)
                 continue
             # A view of the request frame (see protocol.produce): copied once, into
             # the flush's object. A batch to be stamped is copied before that, below.
