@@ -139,6 +139,11 @@ class ChunkCache:
             return out
         return None  # the index may go on past what is held
 
+    def forget(self, topic_id: bytes, partition: int) -> None:
+        """Drop what is held of the partition (an object it named was found gone)."""
+        with self._lock:
+            self._runs.pop((topic_id, partition), None)
+
     def add(self, topic_id: bytes, partition: int, entries: list[ChunkEntry]) -> None:
         """Keep entries read from the index (in offset order, as read_chunks returns them)."""
         entries = _contiguous_prefix(entries)

@@ -11,6 +11,12 @@ A Fetch goes plan → read → select → answer:
   on, within the partition's and the request's byte budgets;
 - answer: the response, in the order of the request.
 
+An object named by an entry may be gone by the time its bytes are read: entries read
+more than the delete delay ago (a slow read, a stale cached entry). Then the entries of
+the Fetch's partitions are forgotten and the index is read again, once: it names where
+the bytes are now (a compacted object), or the partition's log start has moved past
+them and the answer is OFFSET_OUT_OF_RANGE, as for any read below the log start.
+
 With fewer than min_bytes selected, the Fetch waits for any of its partitions to change
 (up to max_wait) and reads again; it watches them from before its first read, so an
 append between a read and the wait is never missed.
@@ -39,6 +45,7 @@ from metadata import txns
 from metadata.chunk_cache import read_chunks_cached
 from protocol.codec import Gathered
 from protocol.records import iter_batches, numbered_parts
+from storage.objectstore import ObjectNotFoundError
 
 API_KEY = 1
 READ_COMMITTED = 1
@@ -231,6 +238,23 @@ def _take_state(agent: AgentServices, p: _Partition, read: _State) -> None:
 
 async def _read(agent: AgentServices, partitions: list[_Partition], read_committed: bool) -> None:
     """Read every partition's state and the bytes of its entries, onto the partition."""
+    try:
+        owners, blobs = await _read_once(agent, partitions, read_committed)
+    except ObjectNotFoundError:
+        # Entries read too long ago: the index says where the bytes are now.
+        for p in partitions:
+            if p.topic is not None:
+                agent.chunks.forget(p.topic.topic_id, p.partition)
+        owners, blobs = await _read_once(agent, partitions, read_committed)
+    for p in partitions:
+        p.chunks = []
+    for (p, entry), blob in zip(owners, blobs, strict=True):
+        p.chunks.append((entry, blob))
+
+
+async def _read_once(
+    agent: AgentServices, partitions: list[_Partition], read_committed: bool
+) -> tuple[list[tuple[_Partition, log_layer.ChunkEntry]], list[bytes | memoryview]]:
     states = await _read_metadata(agent, partitions, read_committed)
     for p, read in zip(partitions, states, strict=True):
         if p.topic is not None:
@@ -238,10 +262,7 @@ async def _read(agent: AgentServices, partitions: list[_Partition], read_committ
     owners = [(p, e) for p in partitions for e in p.entries]
     ranges = [(e.object_key, e.start, e.start + e.length) for _p, e in owners]
     blobs = await agent.reader.read_many(ranges) if ranges else []
-    for p in partitions:
-        p.chunks = []
-    for (p, entry), blob in zip(owners, blobs, strict=True):
-        p.chunks.append((entry, blob))
+    return owners, blobs
 
 
 # -- select -------------------------------------------------------------------------------

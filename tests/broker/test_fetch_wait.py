@@ -202,3 +202,32 @@ async def test_a_fetch_that_looked_the_index_up_before_retention_still_gets_its_
         partition = again.responses[0].partitions[0]
         assert partition.error_code == ErrorCode.offset_out_of_range
         assert (partition.log_start_offset, partition.high_watermark) == (1, 1)
+
+
+async def test_a_fetch_whose_cached_entries_name_a_deleted_object_reads_the_index_again(
+    tmp_path: Path,
+) -> None:
+    """The agent's chunk cache still names ingest files that compaction replaced and that
+    are already deleted (a read later than the delete delay): the Fetch reads the index
+    again and answers the records from the compacted object."""
+    async with running_agent(tmp_path, cache_bytes=0, compaction_min_age_ms=0) as agent:
+        for value in (b"one", b"two", b"three"):
+            await _append(agent, value)
+        first = await fetch.handle(await _fetch_request(agent, 12, 0, 1), _context(agent, 12))
+        assert _offsets(first) == [0, 1, 2]
+        topic = await agent.topic(TOPIC, fresh=True)
+        assert topic is not None
+        cached = agent.chunks.lookup(topic.topic_id, 0, 0, 16, 1 << 20, 3)
+        assert cached is not None and {e.object_key.split("/")[0] for e in cached} == {"ingest"}
+
+        assert await agent.compaction.run_pass() == 1
+        for entry in cached:  # the delete delay has passed: the ingest files are gone
+            await agent.store.delete(entry.object_key)
+
+        again = await fetch.handle(await _fetch_request(agent, 12, 0, 1), _context(agent, 12))
+        assert again.responses[0].partitions[0].error_code == ErrorCode.none
+        assert _offsets(again) == [0, 1, 2]
+        entries = agent.chunks.lookup(topic.topic_id, 0, 0, 16, 1 << 20, 3)
+        assert entries is not None and {e.object_key.split("/")[0] for e in entries} == {
+            "compacted"
+        }
