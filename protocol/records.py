@@ -20,7 +20,9 @@ Rules:
   A batch takes ``lastOffsetDelta + 1`` offsets.
 - Attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
   4 zstd), bit 3 timestamp type (1 = LOG_APPEND_TIME), bit 4 transactional,
-  bit 5 control.
+  bit 5 control, bit 6 delete horizon. With bit 6 set (only the log cleaner
+  sets it), baseTimestamp holds the delete horizon instead of the first
+  record's timestamp, and the records' deltas were written against it.
 - The hot path (``RecordBatchView``, ``iter_batches``, ``validate_batches``,
   ``rebase_parts``) reads headers only and never decodes or decompresses
   records. ``iter_records`` and ``build_batch`` do, for tools, tests and
@@ -56,12 +58,18 @@ Rules:
   leaves batches with fewer records than offsets.
 - Record timestamps are absolute milliseconds: ``baseTimestamp + delta``, or
   ``maxTimestamp`` for every record of a LOG_APPEND_TIME batch.
+- The log cleaner's batches (``rebuild_batch``, ``empty_batch``) keep their
+  baseOffset and lastOffsetDelta, so a batch keeps its offsets, and its
+  producer's last sequence, whatever records go. An empty batch is a header
+  with recordCount 0, as Kafka's cleaner writes to keep a producer's last
+  batch or the log's next offset: ``iter_batches``, ``iter_records`` and
+  ``validate_batches(from_client=False)`` take it; a client's is refused.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeAlias
@@ -77,6 +85,7 @@ __all__ = [
     "HEADER_SIZE",
     "LOG_APPEND_TIME",
     "LOG_OVERHEAD",
+    "NO_TIMESTAMP",
     "ControlRecordType",
     "Record",
     "RecordBatchError",
@@ -85,12 +94,14 @@ __all__ = [
     "RecordSpec",
     "build_batch",
     "control_record_type",
+    "empty_batch",
     "end_txn_marker",
     "iter_batches",
     "iter_records",
     "rebase_batches",
     "numbered_parts",
     "rebase_parts",
+    "rebuild_batch",
     "set_base_offset",
     "set_log_append_time",
     "validate_batches",
@@ -120,9 +131,13 @@ _COMPRESSION_MASK = 0x07
 _TIMESTAMP_TYPE_MASK = 0x08
 _TRANSACTIONAL_MASK = 0x10
 _CONTROL_MASK = 0x20
+_DELETE_HORIZON_MASK = 0x40  # Kafka's DELETE_HORIZON_FLAG_MASK
+_KEPT_ATTRIBUTES = _COMPRESSION_MASK | _TIMESTAMP_TYPE_MASK | _TRANSACTIONAL_MASK | _CONTROL_MASK
 
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
+NO_TIMESTAMP = -1
+"""Kafka's RecordBatch.NO_TIMESTAMP: the baseTimestamp of an empty batch."""
 
 
 def _bytes_view(data: BytesLike) -> memoryview:
@@ -215,6 +230,14 @@ class RecordBatchView:
     @property
     def base_timestamp(self) -> int:
         return int(_I64.unpack_from(self._buffer, self._position + 27)[0])
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """When the cleaner may drop this batch's tombstones, or the batch if it is a
+        transaction marker (ms); None until a cleaning pass sets it (bit 6)."""
+        if self.attributes & _DELETE_HORIZON_MASK:
+            return self.base_timestamp
+        return None
 
     @property
     def max_timestamp(self) -> int:
@@ -658,6 +681,65 @@ def _write_nullable(out: bytearray, value: bytes | None) -> None:
         out += value
 
 
+def _encode_records(
+    records: Iterable[tuple[int, int, bytes | None, bytes | None, Sequence[RecordHeader]]],
+) -> bytearray:
+    """The uncompressed records section from (offset delta, timestamp delta, key, value,
+    headers) of each record."""
+    body = bytearray()
+    for offset_delta, timestamp_delta, key, value, headers in records:
+        record = bytearray(b"\x00")  # attributes
+        _write_varint(record, timestamp_delta)
+        _write_varint(record, offset_delta)
+        _write_nullable(record, key)
+        _write_nullable(record, value)
+        _write_varint(record, len(headers))
+        for header_key, header_value in headers:
+            _write_nullable(record, header_key.encode())
+            _write_nullable(record, header_value)
+        _write_varint(body, len(record))
+        body += record
+    return body
+
+
+def _write_batch(
+    payload: bytes,
+    *,
+    base_offset: int,
+    partition_leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+) -> bytes:
+    """A magic 2 batch of ``payload`` (records as stored) with the header given and its CRC."""
+    batch = bytearray(HEADER_SIZE)
+    batch += payload
+    _HEADER.pack_into(
+        batch,
+        0,
+        base_offset,
+        len(batch) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        _MAGIC_V2,
+        0,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )
+    _U32.pack_into(batch, 17, crc32c.crc32c(memoryview(batch)[_CRC_START:]))
+    return bytes(batch)
+
+
 def build_batch(
     records: Sequence[RecordSpec],
     *,
@@ -681,19 +763,10 @@ def build_batch(
     if not records:
         raise ValueError("a record batch needs at least one record")
     base_timestamp = records[0][3]
-    body = bytearray()
-    for offset_delta, (key, value, headers, timestamp) in enumerate(records):
-        record = bytearray(b"\x00")  # attributes
-        _write_varint(record, timestamp - base_timestamp)
-        _write_varint(record, offset_delta)
-        _write_nullable(record, key)
-        _write_nullable(record, value)
-        _write_varint(record, len(headers))
-        for header_key, header_value in headers:
-            _write_nullable(record, header_key.encode())
-            _write_nullable(record, header_value)
-        _write_varint(body, len(record))
-        body += record
+    body = _encode_records(
+        (offset_delta, timestamp - base_timestamp, key, value, headers)
+        for offset_delta, (key, value, headers, timestamp) in enumerate(records)
+    )
     payload = compress(compression, body) if compression != Compression.NONE else bytes(body)
     attributes = compression & _COMPRESSION_MASK
     if transactional:
@@ -705,27 +778,101 @@ def build_batch(
     else:
         attributes |= _TIMESTAMP_TYPE_MASK
         max_timestamp = log_append_time
-    batch = bytearray(HEADER_SIZE)
-    batch += payload
-    _HEADER.pack_into(
-        batch,
-        0,
-        base_offset,
-        len(batch) - LOG_OVERHEAD,
-        partition_leader_epoch,
-        _MAGIC_V2,
-        0,
-        attributes,
-        len(records) - 1,
-        base_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        len(records),
+    return _write_batch(
+        payload,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=len(records) - 1,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=len(records),
     )
-    _U32.pack_into(batch, 17, crc32c.crc32c(memoryview(batch)[_CRC_START:]))
-    return bytes(batch)
+
+
+def rebuild_batch(
+    batch: RecordBatchView, records: Sequence[Record], *, delete_horizon_ms: int | None = None
+) -> bytes:
+    """``batch`` holding only ``records`` (some of its own, in order), as Kafka's cleaner
+    rebuilds a batch it removed records from (MemoryRecords.filterTo).
+
+    Kept from ``batch``: baseOffset and lastOffsetDelta (so its offsets and its last
+    sequence stay, even when its last records go), the leader epoch, codec (records
+    compressed again with it), timestamp type, producer id, epoch and base sequence, and
+    the transactional and control flags. Each record keeps its offset delta, key, value,
+    headers and timestamp. With ``delete_horizon_ms`` the batch carries that horizon
+    (bit 6, in baseTimestamp); without, baseTimestamp is the first record's timestamp.
+    maxTimestamp is ``batch``'s for LOG_APPEND_TIME, else the latest record's.
+
+    :raises ValueError: no records (see ``empty_batch``), or offset deltas that are not
+        increasing within ``batch``'s (the caller's fault).
+    """
+    if not records:
+        raise ValueError("a rebuilt batch keeps at least one record; use empty_batch")
+    previous = -1
+    for record in records:
+        if not previous < record.offset_delta <= batch.last_offset_delta:
+            raise ValueError(
+                f"offset delta {record.offset_delta} does not follow {previous} within a "
+                f"batch of last offset delta {batch.last_offset_delta}"
+            )
+        previous = record.offset_delta
+    attributes = batch.attributes & _KEPT_ATTRIBUTES
+    if delete_horizon_ms is None:
+        base_timestamp = records[0].timestamp
+    else:
+        attributes |= _DELETE_HORIZON_MASK
+        base_timestamp = delete_horizon_ms
+    if batch.timestamp_type == LOG_APPEND_TIME:
+        max_timestamp = batch.max_timestamp
+    else:
+        max_timestamp = max(record.timestamp for record in records)
+    body = _encode_records(
+        (r.offset_delta, r.timestamp - base_timestamp, r.key, r.value, r.headers) for r in records
+    )
+    codec = batch.compression
+    payload = compress(codec, body) if codec != Compression.NONE else bytes(body)
+    return _write_batch(
+        payload,
+        base_offset=batch.base_offset,
+        partition_leader_epoch=batch.partition_leader_epoch,
+        attributes=attributes,
+        last_offset_delta=batch.last_offset_delta,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=batch.producer_id,
+        producer_epoch=batch.producer_epoch,
+        base_sequence=batch.base_sequence,
+        record_count=len(records),
+    )
+
+
+def empty_batch(batch: RecordBatchView) -> bytes:
+    """``batch`` with no records left: a 61-byte header, as Kafka's cleaner writes one
+    (DefaultRecordBatch.writeEmptyHeader) to keep a producer's last batch, for its
+    epoch and last sequence, or the log's next offset.
+
+    Same baseOffset, lastOffsetDelta, leader epoch, producer id, epoch, base sequence,
+    timestamp type and transactional and control flags; no compression; maxTimestamp is
+    ``batch``'s, baseTimestamp NO_TIMESTAMP and no delete horizon, as Kafka writes it
+    (with no records left, no horizon has anything to delete).
+    """
+    return _write_batch(
+        b"",
+        base_offset=batch.base_offset,
+        partition_leader_epoch=batch.partition_leader_epoch,
+        attributes=batch.attributes & (_KEPT_ATTRIBUTES & ~_COMPRESSION_MASK),
+        last_offset_delta=batch.last_offset_delta,
+        base_timestamp=NO_TIMESTAMP,
+        max_timestamp=batch.max_timestamp,
+        producer_id=batch.producer_id,
+        producer_epoch=batch.producer_epoch,
+        base_sequence=batch.base_sequence,
+        record_count=0,
+    )
 
 
 _CONTROL_KEY = struct.Struct(">hh")
