@@ -33,6 +33,8 @@ too unless noted.
   (L1_PARTITION, topic_id, partition)              (bytes, objects, first_offset, node_id,
                                                     claim_expires_ms) -- a partition with
                                                     entries in level-1 objects, waiting for L2
+  (CLEANER, topic_id, partition)                   (first_dirty_offset,) of a compacted
+                                                    partition cleaned before
   (DEAD_OBJECT, due_ms, key)                       (size,) -- the deletion queue
   (DELETED_TOPIC, topic_id)                        (partition count, deleted_ms): its chunk
                                                     entries are still being dropped
@@ -92,6 +94,7 @@ LEASE = 14
 OBJECT_CHUNK = 15
 L0_OBJECT = 16
 L1_PARTITION = 17
+CLEANER = 18
 # 20-29: consumer groups
 GROUP = 20
 GROUP_MEMBER = 21
