@@ -27,8 +27,8 @@ Rules:
 - Unlike a compaction commit, a stretch commit changes the partition's byte count, so it
   reads and writes the PARTITION key (and may conflict with a produce commit on the same
   partition, which then retries). High watermark and log start offset stay as they are.
-- `finish_round` moves the first dirty offset forward (never back) and clears from the
-  aborted index the transactions whose ABORT markers the round removed.
+- A stretch commit also clears from the aborted index the transactions whose ABORT
+  markers it removed. `finish_round` moves the first dirty offset forward, never back.
 - Every function here is a pure transaction function: it may run more than once.
 """
 
@@ -202,9 +202,15 @@ def commit_stretch(
     outputs: Sequence[ChunkEntry],
     now_ms: int,
     delete_delay_ms: int,
+    removed_abort_markers: Sequence[int] = (),
 ) -> JobResult:
     """Replace the stretch `inputs` by `outputs` (entries of the uploaded object_key, or
-    none and no object when nothing of the stretch is left), if the stretch is unchanged."""
+    none and no object when nothing of the stretch is left), if the stretch is unchanged.
+
+    The aborted transactions whose ABORT markers (by offset) the cleaning removed from the
+    stretch leave the aborted index in the same transaction: a reader must never find an
+    aborted transaction whose marker it cannot reach (it would take that producer's later
+    transactions for aborted)."""
     if not inputs:
         raise ValueError("a stretch of no entries")
     if object_key is None and outputs:
@@ -235,6 +241,11 @@ def commit_stretch(
         put_object(tr, sub, object_key, record)
         tally(tr, sub, "objects", 1)
         tally(tr, sub, "object_bytes", object_size)
+    first, last = inputs[0].base_offset, inputs[-1].last_offset
+    for marker_offset in removed_abort_markers:
+        if not first <= marker_offset <= last:
+            raise ValueError(f"an abort marker at {marker_offset} outside the stretch")
+        tr.clear(sub.key(keys.ABORTED, topic_id, partition, marker_offset))
     tally(tr, sub, "chunk_entries", len(outputs) - len(inputs))
     removed = sum(e.length for e in inputs) - sum(e.length for e in outputs)
     if state.log_bytes is not None:
@@ -246,20 +257,12 @@ def commit_stretch(
 
 
 def finish_round(
-    tr: Transaction,
-    sub: keys.Subspace,
-    topic_id: bytes,
-    partition: int,
-    end_offset: int,
-    removed_abort_markers: Sequence[int] = (),
+    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, end_offset: int
 ) -> None:
     """The round cleaned up to end_offset: the dirty part starts there now (unless a later
-    round already moved it further), and the aborted transactions whose ABORT markers (by
-    their offsets) the round removed leave the aborted index."""
+    round already moved it further)."""
     if first_dirty_offset(tr, sub, topic_id, partition) < end_offset:
         tr.set(sub.key(keys.CLEANER, topic_id, partition), keys.pack_value((end_offset,)))
-    for marker_offset in removed_abort_markers:
-        tr.clear(sub.key(keys.ABORTED, topic_id, partition, marker_offset))
 
 
 def forget_partition(tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int) -> None:

@@ -31,10 +31,20 @@ def _reverse(kv: KV, object_key: str) -> list[int]:
     return [int(SUB.unpack(k)[-1]) for k, _v in rows]
 
 
-def _commit(kv: KV, topic, inputs, key, size, outputs, now=NOW):
+def _commit(kv: KV, topic, inputs, key, size, outputs, now=NOW, removed_abort_markers=()):
     return kv.transact_sync(
         lambda tr: cleaning.commit_stretch(
-            tr, SUB, topic.topic_id, 0, inputs, key, size, outputs, now, DELAY
+            tr,
+            SUB,
+            topic.topic_id,
+            0,
+            inputs,
+            key,
+            size,
+            outputs,
+            now,
+            DELAY,
+            removed_abort_markers,
         )
     )
 
@@ -182,14 +192,27 @@ def test_stretches_are_whole_entries_below_the_end_within_a_budget(kv):
     assert stretch(0, 5, 1000) == [(0, 1), (2, 4)]  # c ends at 5: not below the end
 
 
-def test_a_round_moves_the_first_dirty_offset_forward_only_and_clears_removed_aborts(kv):
+def test_a_stretch_commit_clears_the_aborts_whose_markers_it_removed(kv):
     topic = _four_entries(kv)
-    kv.transact_sync(
-        lambda tr: tr.set(SUB.key(keys.ABORTED, topic.topic_id, 0, 5), keys.pack_value((7, 2)))
-    )
-    kv.transact_sync(lambda tr: cleaning.finish_round(tr, SUB, topic.topic_id, 0, 5, [5]))
+    for marker, first in ((5, 2), (7, 6)):
+        kv.transact_sync(
+            lambda tr, marker=marker, first=first: tr.set(
+                SUB.key(keys.ABORTED, topic.topic_id, 0, marker), keys.pack_value((7, first))
+            )
+        )
+    inputs = _entries(kv, topic)[1:3]  # offsets 2-5
+    outputs = [log.ChunkEntry("clean", 8, 10, 3, 3, 1, 20)]
+    with pytest.raises(ValueError):  # a marker the stretch does not hold
+        _commit(kv, topic, inputs, "clean", 18, outputs, removed_abort_markers=[7])
+    assert _commit(kv, topic, inputs, "clean", 18, outputs, removed_abort_markers=[5]).committed
+    aborted = kv.transact_sync(lambda tr: txns.aborted_between(tr, SUB, topic.topic_id, 0, 0, 8))
+    assert aborted == [(7, 6)]
+
+
+def test_a_round_moves_the_first_dirty_offset_forward_only(kv):
+    topic = _four_entries(kv)
+    kv.transact_sync(lambda tr: cleaning.finish_round(tr, SUB, topic.topic_id, 0, 5))
     assert _measure(kv, topic) == Dirt(0, 5, 8, 200, 400, 30)
-    assert kv.transact_sync(lambda tr: txns.aborted_between(tr, SUB, topic.topic_id, 0, 0, 8)) == []
     kv.transact_sync(lambda tr: cleaning.finish_round(tr, SUB, topic.topic_id, 0, 2))
     assert _measure(kv, topic).first_dirty_offset == 5
     # The log start moving past it makes the dirty part start there.
