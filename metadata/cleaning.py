@@ -41,8 +41,15 @@ from dataclasses import dataclass
 from metadata import keys
 from metadata.compaction import L2, JobResult, discard_output
 from metadata.kv import ReadTransaction, Transaction
-from metadata.lifecycle import ObjectRecord, put_object, tally, unreference
+from metadata.lifecycle import (
+    ObjectRecord,
+    get_object,
+    put_object,
+    tally,
+    unreference,
+)
 from metadata.log import (
+    INGEST_LEVEL,
     ChunkEntry,
     PartitionState,
     clear_chunk_range,
@@ -65,7 +72,7 @@ class Dirt:
     log_start_offset: int
     first_dirty_offset: int
     end_offset: int  # the first uncleanable offset
-    dirty_bytes: int  # of the entries in [first_dirty_offset, end_offset)
+    dirty_bytes: int  # of the entries holding offsets in [first_dirty_offset, end_offset)
     cleanable_bytes: int  # of the entries below end_offset
     oldest_dirty_ms: int | None  # the smallest max timestamp of a dirty entry
 
@@ -96,8 +103,12 @@ def measure(
     partition: int,
     now_ms: int,
     min_lag_ms: int,
+    after_level_zero: bool = False,
 ) -> Dirt | None:
-    """The partition's dirt; None for a partition that does not exist."""
+    """The partition's dirt; None for a partition that does not exist.
+
+    With after_level_zero, dirty entries still in ingest files are not cleanable yet:
+    compaction is about to re-point them (and a round would lose its commits to it)."""
     state = get_partition(tr, sub, topic_id, partition)
     if state is None:
         return None
@@ -114,7 +125,12 @@ def measure(
             if entry.last_offset >= stable or entry.max_timestamp > now_ms - min_lag_ms:
                 end = entry.base_offset
                 break
-            if entry.base_offset >= first_dirty:
+            if entry.last_offset >= first_dirty:
+                if after_level_zero:
+                    record = get_object(tr, sub, entry.object_key)
+                    if record is not None and record.level == INGEST_LEVEL:
+                        end = entry.base_offset
+                        break
                 dirty_bytes += entry.length
                 oldest = entry.max_timestamp if oldest is None else min(oldest, entry.max_timestamp)
             else:
@@ -123,8 +139,8 @@ def measure(
             end = stable  # every entry is cleanable
         elif rows:
             begin = rows[-1][0] + b"\x00"
-    # An entry that straddles the first dirty offset counts as clean: rounds start on
-    # entry boundaries.
+    # An entry that straddles the first dirty offset counts as dirty, as Kafka counts the
+    # segment holding it: the rest of it has not been mapped yet.
     return Dirt(
         state.log_start_offset,
         first_dirty,
