@@ -257,8 +257,15 @@ def _entries_between(
     out: list[ChunkEntry] = []
     offset = start
     while True:
-        page = kv.transact_sync(
-            lambda tr, offset=offset: read_chunks(tr, sub, topic_id, partition, offset, PAGE)
+        page: list[ChunkEntry] = kv.transact_sync(
+            partial(
+                read_chunks,
+                sub=sub,
+                topic_id=topic_id,
+                partition=partition,
+                from_offset=offset,
+                limit=PAGE,
+            )
         )
         for entry in page:
             if entry.base_offset >= end:
