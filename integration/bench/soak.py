@@ -201,8 +201,62 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def compaction_summary(report: dict[str, Any]) -> str:
+    c = report["samples"][-1]["compaction"]
+    produced = sum(r["records"] for r in report["produce_runs"]) * bench.RECORD_SIZE
+    produced_gb = produced / 1e9
+    if not c:
+        return f"Compaction off; {produced_gb:.1f} GB produced."
+    cpu = c.get("cpu_seconds", 0.0)
+    return (
+        f"Compaction: {c.get('l1_jobs', 0)} level-1 and {c.get('l2_jobs', 0)} level-2 jobs, "
+        f"{c.get('bytes_read', 0) / MB:.0f} MB read from the store, "
+        f"{c.get('bytes_cached', 0) / MB:.0f} MB from the cache, "
+        f"{c.get('bytes_written', 0) / MB:.0f} MB written, {cpu:.1f} CPU s in its threads: "
+        f"{cpu / max(produced_gb, 1e-9):.2f} CPU s per GB produced ({produced_gb:.1f} GB)."
+    )
+
+
+def steady_samples(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The samples from a minute after retention is first reached to the produce's end."""
+    s = report["settings"]
+    begin = s["retention_ms"] / 1000 + 60
+    end = report["produce_runs"][-1]["t_end_s"] - report["produce_started_monotonic"]
+    return [x for x in report["samples"] if begin <= x["t_s"] <= end]
+
+
+def steady_summary(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    steady = steady_samples(report)
+    if not steady:
+        return "No steady state: the produce ended before retention was reached."
+    limit = s["rate_mb_s"] * s["retention_ms"] / 1000
+
+    def spread(name: str, scale: float = 1) -> tuple[float, float, float]:
+        values = [x[name] / scale for x in steady if x[name] is not None]
+        return min(values), statistics.median(values), max(values)
+
+    low, mid, high = spread("store_bytes", MB)
+    objects = spread("store_objects")
+    entries = spread("chunk_entries")
+    meta = spread("metadata_bytes", MB)
+    return (
+        f"Steady state, minute {steady[0]['t_s'] / 60:.1f} to {steady[-1]['t_s'] / 60:.1f} "
+        f"(min / median / max): MB in the store {low:.0f} / {mid:.0f} / {high:.0f}, that is "
+        f"{mid / limit:.2f} / {high / limit:.2f} x rate x retention ({limit:.0f} MB; target "
+        f"<= 1.3); objects {objects[0]:.0f} / {objects[1]:.0f} / {objects[2]:.0f}; chunk "
+        f"entries {entries[0]:.0f} / {entries[1]:.0f} / {entries[2]:.0f}; metadata MB "
+        f"{meta[0]:.1f} / {meta[1]:.1f} / {meta[2]:.1f}."
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
+    rate_source = (
+        f"set; {s['max_mb_s']:.1f} MB/s measured as the maximum"
+        if s.get("fixed_rate")
+        else f"{s['fraction']} of the {s['max_mb_s']:.1f} MB/s measured"
+    )
     lines = [
         f"# Soak {report['date']} ({report['label']})",
         "",
@@ -210,17 +264,21 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Settings: {s['partitions']} partitions, retention.ms {s['retention_ms']}, "
         f"{s['rate_mb_s']:.1f} MB/s ({s['records_s']} records/s of {bench.RECORD_SIZE} B, "
-        f"{s['fraction']} of the {s['max_mb_s']:.1f} MB/s measured), {s['minutes']} minutes; "
+        f"{rate_source}), {s['minutes']} minutes; "
         f"agent arguments: {' '.join(s['agent_args'])}",
         "",
-        "| minute | MB in store | objects | chunk entries | metadata MB | CPU s (total) |",
-        "|---|---|---|---|---|---|",
+        "| minute | MB in store | objects | chunk entries | metadata MB | agent CPU s "
+        "| compaction jobs (L1 + L2) | compaction CPU s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for sample in report["samples"][:: max(1, round(60 / s["sample_s"]))]:
+        c = sample["compaction"]
         lines.append(
             f"| {sample['t_s'] / 60:.1f} | {sample['store_bytes'] / MB:.1f} | "
             f"{sample['store_objects']} | {sample['chunk_entries']} | "
-            f"{sample['metadata_bytes'] / MB:.1f} | {sample['cpu_s']} |"
+            f"{sample['metadata_bytes'] / MB:.1f} | {sample['cpu_s']} | "
+            f"{c.get('l1_jobs', 0)} + {c.get('l2_jobs', 0)} | "
+            f"{round(c.get('cpu_seconds', 0.0), 1)} |"
         )
     produce = report["produce_runs"]
     lines += [
@@ -234,6 +292,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Produce p99, median of the minutes: {statistics.median(r['p99_ms'] for r in produce)} ms.",
         "",
+        compaction_summary(report),
+        "",
         "| read | MB/s | GETs | GETs per GB | agent CPU s per GB |",
         "|---|---|---|---|---|",
     ]
@@ -244,11 +304,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r['gets']} | {r['gets_per_gb']} | {r['broker_cpu_s_per_gb']} |"
         )
     last = report["samples"][-1]
+    lines += ["", steady_summary(report), ""]
     lines += [
-        "",
-        f"At the end: {last['store_bytes'] / MB:.1f} MB in the store against "
-        f"1.3 x rate x retention = {1.3 * s['rate_mb_s'] * s['retention_ms'] / 1000:.1f} MB.",
-        "",
         f"Lifecycle counters at the end: {json.dumps(last['lifecycle'])}",
         "",
         f"Compaction counters at the end: {json.dumps(last['compaction'])}",
@@ -267,14 +324,32 @@ def main() -> int:
     parser.add_argument("--fraction", type=float, default=0.5)
     parser.add_argument("--sample-s", type=float, default=10)
     parser.add_argument(
+        "--records-s",
+        type=int,
+        default=0,
+        help="produce this many records/s instead of --fraction of a measured maximum "
+        "(to compare two runs at the same rate)",
+    )
+    parser.add_argument(
         "--agent-arg",
         action="append",
         default=[],
         help="an argument for the agent (repeat); the defaults below come first",
     )
+    parser.add_argument(
+        "--render",
+        metavar="JSON",
+        help="write the markdown and the plot again from a report, and run nothing",
+    )
     parser.add_argument("--label", default="soak")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
+    if args.render:
+        source = Path(args.render)
+        report = json.loads(source.read_text())
+        plot(report, source.with_suffix(".png"))
+        source.with_suffix(".md").write_text(markdown(report))
+        return 0
 
     # Lifecycle checks often enough for a retention of minutes (defaults are Kafka's).
     agent_args = [
@@ -295,7 +370,7 @@ def main() -> int:
         probe = "soak-probe"
         bench.create_topic(system.bootstrap, probe, args.partitions)
         max_run = bench.producer_perf(system.bootstrap, probe, 200_000, "none")
-        records_s = int(max_run["records_s"] * args.fraction)
+        records_s = args.records_s or int(max_run["records_s"] * args.fraction)
         log(f"max {max_run['mb_s']:.1f} MB/s; producing {records_s} records/s")
         from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -336,6 +411,7 @@ def main() -> int:
             "partitions": args.partitions,
             "retention_ms": args.retention_ms,
             "fraction": args.fraction,
+            "fixed_rate": bool(args.records_s),
             "max_mb_s": max_run["mb_s"],
             "records_s": records_s,
             "rate_mb_s": records_s * bench.RECORD_SIZE / MB,
