@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 
 from broker import placement
+from broker.cleaning import Cleaning, CleaningSettings
 from broker.compaction import Compaction, CompactionSettings
 from broker.config import BrokerConfig
 from broker.eventlog import EventLog
@@ -107,8 +108,21 @@ class Agent:
                 max_jobs=config.compaction_max_jobs,
                 lease_ms=config.compaction_lease_ms,
                 retention_span_percent=config.compaction_retention_span_percent,
+                cleaner_enabled=config.log_cleaner_enable,
                 delete_delay_ms=config.object_delete_delay_ms,
                 orphan_min_age_ms=config.orphan_min_age_ms,
+            ),
+        )
+        self.cleaning = Cleaning(
+            self,
+            CleaningSettings(
+                enabled=config.log_cleaner_enable,
+                backoff_ms=config.log_cleaner_backoff_ms,
+                dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
+                stretch_bytes=config.compaction_max_job_bytes,
+                entry_bytes=config.compaction_entry_bytes,
+                delete_delay_ms=config.object_delete_delay_ms,
+                after_compaction=config.compaction,
             ),
         )
 

@@ -191,6 +191,25 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         " timestamps, so that time retention frees it at most that much late",
     ),
     (
+        "log-cleaner-enable",
+        _bool,
+        True,
+        "clean compacted topics: keep the latest record of each key (log.cleaner.enable)",
+    ),
+    (
+        "log-cleaner-backoff-ms",
+        _positive,
+        15_000,
+        "how often compacted partitions are looked at for cleaning (log.cleaner.backoff.ms)",
+    ),
+    (
+        "log-cleaner-dedupe-buffer-size",
+        _positive,
+        128 * 1024 * 1024,
+        "memory for the keys of one cleaning round; more distinct keys take more rounds"
+        " (log.cleaner.dedupe.buffer.size)",
+    ),
+    (
         "group-min-session-timeout-ms",
         int,
         6_000,
@@ -273,6 +292,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_max_jobs=args.compaction_max_jobs,
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,
+        log_cleaner_enable=args.log_cleaner_enable,
+        log_cleaner_backoff_ms=args.log_cleaner_backoff_ms,
+        log_cleaner_dedupe_buffer_size=args.log_cleaner_dedupe_buffer_size,
         group_min_session_timeout_ms=args.group_min_session_timeout_ms,
         group_max_session_timeout_ms=args.group_max_session_timeout_ms,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,

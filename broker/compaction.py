@@ -70,6 +70,7 @@ class CompactionSettings:
     max_jobs: int = 1
     lease_ms: int = 120_000
     retention_span_percent: int = 10
+    cleaner_enabled: bool = True  # compacted topics' level 2 is their cleaner's
     # From the object lifecycle.
     delete_delay_ms: int = 60_000
     orphan_min_age_ms: int = 3_600_000
@@ -226,7 +227,7 @@ class Compaction:
     async def run_pass(self) -> int:
         """Plan and run jobs until none is left (or one fails or is dropped); the jobs
         committed."""
-        spans = await self._spans()
+        spans, cleaned = await self._spans()
         committed = 0
         failed = False  # or dropped
 
@@ -248,7 +249,7 @@ class Compaction:
             while not failed:
                 await self._slots.acquire()
                 try:
-                    plan = await self._plan(spans)
+                    plan = await self._plan(spans, cleaned)
                 except BaseException:
                     self._slots.release()
                     raise
@@ -261,19 +262,23 @@ class Compaction:
         self.stats.passes += 1
         return committed
 
-    async def _spans(self) -> dict[bytes, int]:
-        """Per topic with time retention, the span of timestamps a level-2 object may cover."""
+    async def _spans(self) -> tuple[dict[bytes, int], set[bytes]]:
+        """Per topic with time retention, the span of timestamps a level-2 object may cover;
+        and the compacted topics, whose level 2 is their cleaner's."""
         agent = self._agent
         topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
         spans = {}
+        cleaned = set()
         for topic in topics:
             policy = [p.strip() for p in agent.topic_config(topic, "cleanup.policy").split(",")]
             retention_ms = int(agent.topic_config(topic, "retention.ms") or -1)
             if "delete" in policy and retention_ms >= 0:
                 spans[topic.topic_id] = retention_ms * self.settings.retention_span_percent // 100
-        return spans
+            if "compact" in policy and self.settings.cleaner_enabled:
+                cleaned.add(topic.topic_id)
+        return spans, cleaned
 
-    async def _plan(self, spans: dict[bytes, int]) -> Plan | None:
+    async def _plan(self, spans: dict[bytes, int], cleaned: set[bytes]) -> Plan | None:
         agent, s = self._agent, self.settings
         now, node_id = _now_ms(), agent.node_id
         plan: Plan | None = await agent.kv.transact(
@@ -284,7 +289,7 @@ class Compaction:
         if plan is None:
             plan = await agent.kv.transact(
                 lambda tr: compaction_layer.plan_l2(
-                    tr, agent.sub, node_id, now, s.limits, s.lease_ms, spans
+                    tr, agent.sub, node_id, now, s.limits, s.lease_ms, spans, cleaned
                 )
             )
         return plan

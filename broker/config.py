@@ -19,6 +19,10 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "message.timestamp.before.max.ms": "9223372036854775807",
     "message.timestamp.after.max.ms": "9223372036854775807",
     "unclean.leader.election.enable": "false",
+    "delete.retention.ms": "86400000",
+    "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0",
+    "max.compaction.lag.ms": "9223372036854775807",
 }
 
 
@@ -60,6 +64,10 @@ class BrokerConfig:
     compaction_max_jobs: int = 1
     compaction_lease_ms: int = 120_000
     compaction_retention_span_percent: int = 10
+    # Cleaning of compacted topics (broker.cleaning).
+    log_cleaner_enable: bool = True
+    log_cleaner_backoff_ms: int = 15_000
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
     # Consumer groups (Apache Kafka's group coordinator settings and defaults).
     group_min_session_timeout_ms: int = 6_000
     group_max_session_timeout_ms: int = 1_800_000

@@ -64,6 +64,7 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             tg.start_soon(agent.groups.run)
             tg.start_soon(agent.lifecycle.run)
             tg.start_soon(agent.compaction.run)
+            tg.start_soon(agent.cleaning.run)
             tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
             tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 

@@ -38,6 +38,7 @@ def snapshot(agent: Agent) -> dict[str, Any]:
         "connections": dict(agent.events.counts),
         "lifecycle": dict(agent.lifecycle.stats),
         "compaction": dataclasses.asdict(agent.compaction.stats),
+        "cleaning": dataclasses.asdict(agent.cleaning.stats),
         "request_memory": {
             "in_use": agent.request_memory.in_use,
             **agent.request_memory.stats,

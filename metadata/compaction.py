@@ -36,7 +36,7 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,6 +281,7 @@ def plan_l2(
     limits: Limits,
     lease_ms: int,
     max_span_ms: Mapping[bytes, int] | None = None,
+    cleaned_topics: Collection[bytes] = (),
 ) -> Plan | None:
     """Claim one partition whose level-1 entries hold max_bytes or come from max_inputs
     objects, and plan its first run of consecutive level-1 entries (those of two objects
@@ -289,6 +290,9 @@ def plan_l2(
     `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
     that retention by time never waits long for the rest of an object). None when no
     partition has such a run.
+
+    `cleaned_topics` (compacted topics) are left to their cleaner, which writes objects of
+    one partition itself: their rows go.
     """
     spans = max_span_ms or {}
     begin, end = sub.range(keys.L1_PARTITION)
@@ -296,10 +300,13 @@ def plan_l2(
         row = _L1Row.unpack(value)
         if row.node_id != NOBODY and row.expires_ms > now_ms:
             continue
-        if row.size < limits.max_bytes and row.objects < limits.max_inputs:
-            continue
         _tag, topic_id, partition = sub.unpack(row_key)
         topic_id, partition = bytes(topic_id), int(partition)
+        if topic_id in cleaned_topics:
+            tr.clear(row_key)
+            continue
+        if row.size < limits.max_bytes and row.objects < limits.max_inputs:
+            continue
         offset = row.first_offset
         for _ in range(PASSED_OVER):
             span = spans.get(topic_id)

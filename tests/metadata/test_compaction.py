@@ -424,3 +424,14 @@ def test_compaction_leaves_partitions_producers_and_transactions_byte_for_byte(k
     assert plan is not None and _commit(kv, plan, "z").committed
     assert {e.object_key for e in _full_entries(kv, topic)} == {"z"}
     assert _everything_else(kv) == before
+
+
+def test_a_compacted_topics_level_two_is_left_to_its_cleaner(kv):
+    topic = _two_level_one_objects(kv)
+    plan = kv.transact_sync(
+        lambda tr: compaction.plan_l2(
+            tr, SUB, 1, NOW, Limits(max_inputs=2), LEASE, None, {topic.topic_id}
+        )
+    )
+    assert plan is None
+    assert _l1_rows(kv) == {}  # its rows went: nothing waits for level 2
