@@ -122,7 +122,6 @@ class Agent:
                 stretch_bytes=config.compaction_max_job_bytes,
                 entry_bytes=config.compaction_entry_bytes,
                 delete_delay_ms=config.object_delete_delay_ms,
-                after_compaction=config.compaction,
             ),
         )
 

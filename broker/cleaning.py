@@ -26,9 +26,10 @@ killed when, every record at or above the log start offset stays readable: a str
 commit is all or nothing, and an uploaded output whose commit never came is an orphan
 for the lifecycle's sweep.
 
-With compaction on, dirty entries still in ingest files wait for compaction to merge
-them first (it runs within `--compaction-min-age-ms`); level 2 compaction leaves
-compacted topics to the cleaner.
+A round cleans entries wherever they are, ingest files included: their records are
+deduplicated from the first rewrite of them, and a level-1 compaction that planned the
+same entries meanwhile is dropped at its commit (as a round is when compaction commits
+first). Level 2 compaction leaves compacted topics to the cleaner.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from broker.compaction import OUTPUT_PREFIX
 from metadata import cleaning as cleaning_layer
 from metadata import keys, leases, producers, txns
 from metadata import topics as topics_layer
+from metadata.chunk_cache import ChunkCache
 from metadata.kv import KV
 from metadata.log import ChunkEntry, read_chunks
 from protocol.records import (
@@ -75,7 +77,6 @@ class CleaningSettings:
     stretch_bytes: int = 64 * 1024 * 1024
     entry_bytes: int = 256 * 1024
     delete_delay_ms: int = 60_000
-    after_compaction: bool = True  # compaction is on: leave ingest files to it first
 
 
 @dataclass(slots=True)
@@ -105,6 +106,8 @@ class CleaningAgent(Protocol):
     def store(self) -> ObjectStore: ...
     @property
     def node_id(self) -> int: ...
+    @property
+    def chunks(self) -> ChunkCache: ...
     def topic_config(self, topic: topics_layer.Topic, name: str) -> str: ...
 
 
@@ -198,7 +201,6 @@ class Cleaning:
                 partition=partition,
                 now_ms=now,
                 min_lag_ms=rules.min_lag_ms,
-                after_level_zero=s.after_compaction,
             )
         )
         if dirt is None:
@@ -225,6 +227,9 @@ class Cleaning:
             limiter=self._thread,
         )
         self.stats.cpu_seconds += time.thread_time() - started
+        # This agent's Fetches read the cleaned entries from now on; other agents' copies
+        # (older entries, whose objects outlive them) expire by themselves.
+        agent.chunks.forget(topic.topic_id, partition)
         self.stats.records_read += stats.records_read
         self.stats.records_removed += stats.records_read - stats.records_kept
         if done is None:

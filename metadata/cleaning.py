@@ -43,13 +43,11 @@ from metadata.compaction import L2, JobResult, discard_output
 from metadata.kv import ReadTransaction, Transaction
 from metadata.lifecycle import (
     ObjectRecord,
-    get_object,
     put_object,
     tally,
     unreference,
 )
 from metadata.log import (
-    INGEST_LEVEL,
     ChunkEntry,
     PartitionState,
     clear_chunk_range,
@@ -103,12 +101,8 @@ def measure(
     partition: int,
     now_ms: int,
     min_lag_ms: int,
-    after_level_zero: bool = False,
 ) -> Dirt | None:
-    """The partition's dirt; None for a partition that does not exist.
-
-    With after_level_zero, dirty entries still in ingest files are not cleanable yet:
-    compaction is about to re-point them (and a round would lose its commits to it)."""
+    """The partition's dirt; None for a partition that does not exist."""
     state = get_partition(tr, sub, topic_id, partition)
     if state is None:
         return None
@@ -126,11 +120,6 @@ def measure(
                 end = entry.base_offset
                 break
             if entry.last_offset >= first_dirty:
-                if after_level_zero:
-                    record = get_object(tr, sub, entry.object_key)
-                    if record is not None and record.level == INGEST_LEVEL:
-                        end = entry.base_offset
-                        break
                 dirty_bytes += entry.length
                 oldest = entry.max_timestamp if oldest is None else min(oldest, entry.max_timestamp)
             else:

@@ -13,6 +13,7 @@ import pytest
 from broker.cleaning import Cleaning, CleaningSettings, TopicRules
 from metadata import cleaning as cleaning_layer
 from metadata import keys, log, topics
+from metadata.chunk_cache import ChunkCache
 from metadata.sqlite_kv import SQLiteKV
 from protocol.compression import Compression
 from protocol.records import build_batch, iter_batches, iter_records, rebase_batches
@@ -31,6 +32,7 @@ class _Agent:
     def __init__(self, kv: SQLiteKV, store: LocalObjectStore) -> None:
         self.kv = kv
         self.store = store
+        self.chunks = ChunkCache()
 
     def topic_config(self, topic: topics.Topic, name: str) -> str:
         return {
@@ -81,7 +83,7 @@ def _read_log(kv, store, topic) -> list[tuple[int, bytes | None, bytes | None]]:
 
 async def _clean(kv, store, topic, now=NOW, rules=RULES) -> int:
     cleaner = Cleaning(
-        _Agent(kv, store), CleaningSettings(after_compaction=False), clock=lambda: now
+        _Agent(kv, store), CleaningSettings(), clock=lambda: now
     )
     return await cleaner.clean_partition(topic, 0, rules)
 
@@ -134,7 +136,7 @@ async def test_a_small_key_map_cleans_in_rounds_and_ends_with_one_record_per_key
     cleaner = Cleaning(
         _Agent(kv, store),
         # Room for about 20 keys: several rounds.
-        CleaningSettings(after_compaction=False, dedupe_buffer_size=20 * 192 + 191),
+        CleaningSettings(dedupe_buffer_size=20 * 192 + 191),
         clock=lambda: NOW,
     )
     rounds = 0
