@@ -205,7 +205,7 @@ def compaction_summary(report: dict[str, Any]) -> str:
     c = report["samples"][-1]["compaction"]
     produced = sum(r["records"] for r in report["produce_runs"]) * bench.RECORD_SIZE
     produced_gb = produced / 1e9
-    if not c:
+    if not c or not c.get("passes"):
         return f"Compaction off; {produced_gb:.1f} GB produced."
     cpu = c.get("cpu_seconds", 0.0)
     return (
