@@ -120,6 +120,7 @@ class Agent:
                 backoff_ms=config.log_cleaner_backoff_ms,
                 dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
                 stretch_bytes=config.compaction_max_job_bytes,
+                stretch_entries=config.compaction_max_entries,
                 entry_bytes=config.compaction_entry_bytes,
                 delete_delay_ms=config.object_delete_delay_ms,
             ),

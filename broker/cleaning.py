@@ -12,7 +12,8 @@ A round, in a worker thread:
    next round goes on);
 3. cleans the partition from its log start to the round's end (the entry holding it
    too: what the map did not reach is kept as it is) in one pass, cut into
-   stretches of at most `--compaction-max-job-bytes` of entries: each stretch's kept
+   stretches of at most `--compaction-max-job-bytes` and `--compaction-max-entries`
+   of entries: each stretch's kept
    batches go into one new object (under compacted/), written first, and one metadata
    transaction puts its entries in place of the stretch's (metadata.cleaning), only if
    the stretch is unchanged; otherwise the round stops there, and the next pass starts
@@ -75,6 +76,7 @@ class CleaningSettings:
     backoff_ms: int = 15_000  # Kafka's log.cleaner.backoff.ms
     dedupe_buffer_size: int = 128 * 1024 * 1024  # log.cleaner.dedupe.buffer.size
     stretch_bytes: int = 64 * 1024 * 1024
+    stretch_entries: int = 2_000  # a stretch's commit fits FoundationDB's limits
     entry_bytes: int = 256 * 1024
     delete_delay_ms: int = 60_000
 
@@ -399,7 +401,10 @@ def clean_round(
     stretches: list[list[ChunkEntry]] = [[]]
     size = 0
     for entry in entries:
-        if stretches[-1] and size + entry.length > settings.stretch_bytes:
+        if stretches[-1] and (
+            size + entry.length > settings.stretch_bytes
+            or len(stretches[-1]) == settings.stretch_entries
+        ):
             stretches.append([])
             size = 0
         stretches[-1].append(entry)

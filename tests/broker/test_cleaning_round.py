@@ -82,9 +82,7 @@ def _read_log(kv, store, topic) -> list[tuple[int, bytes | None, bytes | None]]:
 
 
 async def _clean(kv, store, topic, now=NOW, rules=RULES) -> int:
-    cleaner = Cleaning(
-        _Agent(kv, store), CleaningSettings(), clock=lambda: now
-    )
+    cleaner = Cleaning(_Agent(kv, store), CleaningSettings(), clock=lambda: now)
     return await cleaner.clean_partition(topic, 0, rules)
 
 
@@ -148,3 +146,13 @@ async def test_a_small_key_map_cleans_in_rounds_and_ends_with_one_record_per_key
     assert sorted(k for _o, k, _v in records) == sorted(f"k{i}".encode() for i in range(50))
     assert {v for _o, _k, v in records} == {b"v3"}
     assert [o for o, _k, _v in records] == list(range(150, 200))
+
+
+async def test_stretches_hold_at_most_the_entries_a_commit_may_replace(setup):
+    kv, store, topic = setup
+    for r in range(7):
+        _produce(kv, store, topic, [[(b"k", b"%d" % r)]])
+    cleaner = Cleaning(_Agent(kv, store), CleaningSettings(stretch_entries=2), clock=lambda: NOW)
+    assert await cleaner.clean_partition(topic, 0, RULES) == 1
+    assert cleaner.stats.stretches == 4  # 7 entries, 2 a stretch
+    assert _read_log(kv, store, topic) == [(6, b"k", b"6")]
