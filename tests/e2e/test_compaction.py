@@ -261,7 +261,15 @@ def test_a_fetch_with_an_index_lookup_from_before_a_compaction_still_reads(start
         # Read again with the entries held: they name the ingest files, still there.
         assert len(broker.object_keys("ingest/")) == 8
         assert read() == first
-        wait_for("ingest files deleted", lambda: broker.object_keys("ingest/") == [], timeout=40)
+        # Each ingest file holds one entry. The last one may have come too late for the
+        # jobs (younger than the minimum age) and wait alone, uncompacted, for a partner.
+        replaced = broker.stats()["compaction"]["entries_replaced"]
+        assert replaced >= 7
+        wait_for(
+            "replaced ingest files deleted",
+            lambda: len(broker.object_keys("ingest/")) == 8 - replaced,
+            timeout=40,
+        )
         # The entries held have expired: read again from the index, the compacted object.
         assert read() == first
     wait_for("expiry counted", lambda: broker.stats()["chunk_cache"]["expired"] >= 1)
