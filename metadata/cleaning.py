@@ -53,6 +53,7 @@ from metadata.log import (
     clear_chunk_range,
     decode_entry,
     get_partition,
+    iter_entries,
     put_entry,
     put_partition,
     read_chunks,
@@ -108,26 +109,18 @@ def measure(
         return None
     stable = last_stable_offset(tr, sub, topic_id, partition, state.high_watermark)
     first_dirty = max(first_dirty_offset(tr, sub, topic_id, partition), state.log_start_offset)
-    end: int | None = None
+    end = stable  # unless an entry before it may not be cleaned yet
     clean_bytes = dirty_bytes = 0
     oldest: int | None = None
-    begin, range_end = sub.range(keys.CHUNK, topic_id, partition)
-    while end is None:
-        rows = tr.get_range(begin, range_end, limit=PAGE)
-        for key, value in rows:
-            entry = decode_entry(sub, key, value)
-            if entry.last_offset >= stable or entry.max_timestamp > now_ms - min_lag_ms:
-                end = entry.base_offset
-                break
-            if entry.last_offset >= first_dirty:
-                dirty_bytes += entry.length
-                oldest = entry.max_timestamp if oldest is None else min(oldest, entry.max_timestamp)
-            else:
-                clean_bytes += entry.length
-        if end is None and len(rows) < PAGE:
-            end = stable  # every entry is cleanable
-        elif rows:
-            begin = rows[-1][0] + b"\x00"
+    for entry in iter_entries(tr, sub, topic_id, partition, page=PAGE):
+        if entry.last_offset >= stable or entry.max_timestamp > now_ms - min_lag_ms:
+            end = entry.base_offset
+            break
+        if entry.last_offset >= first_dirty:
+            dirty_bytes += entry.length
+            oldest = entry.max_timestamp if oldest is None else min(oldest, entry.max_timestamp)
+        else:
+            clean_bytes += entry.length
     # An entry that straddles the first dirty offset counts as dirty, as Kafka counts the
     # segment holding it: the rest of it has not been mapped yet.
     return Dirt(

@@ -36,7 +36,7 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from metadata.log import (
     clear_chunk_range,
     clear_reverse_index,
     decode_entry,
+    iter_entries,
     object_entries,
     put_entry,
 )
@@ -208,21 +209,6 @@ class _L1Row:
         return _L1Row(*(int(v) for v in keys.unpack_value(raw)))
 
 
-def _entries_from(
-    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int, offset: int
-) -> Iterator[ChunkEntry]:
-    """The partition's entries holding offsets >= offset, a page at a time."""
-    _begin, end = sub.range(keys.CHUNK, topic_id, partition)
-    begin = sub.key(keys.CHUNK, topic_id, partition, offset)
-    while True:
-        rows = tr.get_range(begin, end, limit=SCAN)
-        for key, value in rows:
-            yield decode_entry(sub, key, value)
-        if len(rows) < SCAN:
-            return
-        begin = rows[-1][0] + b"\x00"
-
-
 def _level_one_run(
     tr: ReadTransaction,
     sub: keys.Subspace,
@@ -241,7 +227,7 @@ def _level_one_run(
     objects: set[str] = set()
     lowest_ts = highest_ts = 0
     skipped = 0
-    for entry in _entries_from(tr, sub, topic_id, partition, first_offset):
+    for entry in iter_entries(tr, sub, topic_id, partition, first_offset, SCAN):
         key = entry.object_key
         if key not in levels:
             record = get_object(tr, sub, key)

@@ -25,7 +25,6 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -40,6 +39,7 @@ from metadata.log import (
     clear_entry,
     decode_entry,
     get_partition,
+    iter_entries,
     put_partition,
 )
 
@@ -198,20 +198,6 @@ def drop_entry(
     unreference(tr, sub, entry.object_key, 1, now_ms, delete_delay_ms)
 
 
-def _entries_in_order(
-    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int
-) -> Iterator[ChunkEntry]:
-    """The partition's entries from its first on, read a page at a time as they are used."""
-    begin, end = sub.range(keys.CHUNK, topic_id, partition)
-    while True:
-        rows = tr.get_range(begin, end, limit=PAGE)
-        for key, value in rows:
-            yield decode_entry(sub, key, value)
-        if len(rows) < PAGE:
-            return
-        begin = rows[-1][0] + b"\x00"
-
-
 def _drop(
     tr: Transaction,
     sub: keys.Subspace,
@@ -301,7 +287,7 @@ def _drop_below(
 ) -> Step:
     below: list[ChunkEntry] = []
     more = False
-    for entry in _entries_in_order(tr, sub, topic_id, partition):
+    for entry in iter_entries(tr, sub, topic_id, partition, page=PAGE):
         if entry.last_offset >= log_start_offset:
             break
         if len(below) == limit:
@@ -346,7 +332,7 @@ def apply_retention(
     remaining = log_bytes or 0
     start = state.log_start_offset
     stays = False  # an entry stays, or more than one step takes are left
-    for entry in _entries_in_order(tr, sub, topic_id, partition):
+    for entry in iter_entries(tr, sub, topic_id, partition, page=PAGE):
         expired = retention_ms != NO_LIMIT and entry.max_timestamp < cutoff
         too_big = retention_bytes != NO_LIMIT and remaining - entry.length >= retention_bytes
         if len(doomed) == limit or not (entry.last_offset < start or expired or too_big):

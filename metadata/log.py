@@ -17,7 +17,7 @@ Offsets never move backwards: the watermark only grows, and it is read from the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -179,6 +179,27 @@ def object_entries(
         )
         out.append((bytes(topic_id), int(partition), entry))
     return out
+
+
+def iter_entries(
+    tr: ReadTransaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    from_offset: int = 0,
+    page: int = 256,
+) -> Iterator[ChunkEntry]:
+    """Entries holding offsets >= from_offset, in offset order, read `page` at a time as
+    they are used (a caller that stops early reads no more)."""
+    _begin, end = sub.range(keys.CHUNK, topic_id, partition)
+    begin = sub.key(keys.CHUNK, topic_id, partition, from_offset)
+    while True:
+        rows = tr.get_range(begin, end, limit=page)
+        for key, value in rows:
+            yield decode_entry(sub, key, value)
+        if len(rows) < page:
+            return
+        begin = rows[-1][0] + b"\x00"
 
 
 def read_chunks(
