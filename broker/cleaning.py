@@ -46,6 +46,8 @@ import anyio
 
 from broker import faults
 from broker.compaction import OUTPUT_PREFIX
+from broker.context import JobAgent
+from broker.topic_configs import cleanup_policies
 from metadata import cleaning as cleaning_layer
 from metadata import keys, leases, producers, txns
 from metadata import topics as topics_layer
@@ -97,28 +99,15 @@ class CleaningStats:
     dirty_ratios: dict[str, float] = field(default_factory=dict)
 
 
-class CleaningAgent(Protocol):
-    """What cleaning needs of its agent."""
+class CleaningAgent(JobAgent, Protocol):
+    """What cleaning needs of its agent: its cache of chunk entries too."""
 
     @property
-    def kv(self) -> KV: ...
-    @property
-    def sub(self) -> keys.Subspace: ...
-    @property
-    def store(self) -> ObjectStore: ...
-    @property
-    def node_id(self) -> int: ...
-    @property
     def chunks(self) -> ChunkCache: ...
-    def topic_config(self, topic: topics_layer.Topic, name: str) -> str: ...
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def compacted(policy: str) -> bool:
-    return "compact" in (p.strip() for p in policy.split(","))
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +171,7 @@ class Cleaning:
         finished = 0
         topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
         for topic in topics:
-            if not compacted(agent.topic_config(topic, "cleanup.policy")):
+            if "compact" not in cleanup_policies(agent.topic_config(topic, "cleanup.policy")):
                 continue
             rules = _rules(agent, topic)
             for partition in range(topic.partitions):

@@ -40,11 +40,11 @@ from typing import Protocol
 import anyio
 
 from broker import faults
+from broker.context import JobAgent
+from broker.topic_configs import cleanup_policies
 from metadata import compaction as compaction_layer
-from metadata import keys
 from metadata import topics as topics_layer
 from metadata.compaction import Limits, Plan
-from metadata.kv import KV
 from metadata.log import ChunkEntry
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
@@ -96,20 +96,11 @@ class CompactionStats:
     cpu_seconds: float = 0.0  # of the jobs' worker threads
 
 
-class CompactionAgent(Protocol):
-    """What compaction needs of its agent."""
+class CompactionAgent(JobAgent, Protocol):
+    """What compaction needs of its agent: its object cache too."""
 
     @property
-    def kv(self) -> KV: ...
-    @property
-    def sub(self) -> keys.Subspace: ...
-    @property
-    def store(self) -> ObjectStore: ...
-    @property
     def cache(self) -> ObjectCache: ...
-    @property
-    def node_id(self) -> int: ...
-    def topic_config(self, topic: topics_layer.Topic, name: str) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +261,7 @@ class Compaction:
         spans = {}
         cleaned = set()
         for topic in topics:
-            policy = [p.strip() for p in agent.topic_config(topic, "cleanup.policy").split(",")]
+            policy = cleanup_policies(agent.topic_config(topic, "cleanup.policy"))
             retention_ms = int(agent.topic_config(topic, "retention.ms") or -1)
             if "delete" in policy and retention_ms >= 0:
                 spans[topic.topic_id] = retention_ms * self.settings.retention_span_percent // 100

@@ -8,6 +8,8 @@ Rules:
   live agents. Nothing else of the agent (its lease, its loops) is a handler's business.
 - Both are Protocols: `broker.agent.Agent` and `broker.connection.RequestContext` are
   what runs, and tests may pass smaller stand-ins.
+- The agent's background jobs (retention and garbage collection, compaction, cleaning)
+  see it as a `JobAgent`, or a Protocol extending it with the one cache a job uses.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ if TYPE_CHECKING:
     from metadata.kv import KV
     from storage.cache import ObjectCache, RangeReader
     from storage.objectstore import ObjectStore
+
+
+class JobAgent(Protocol):
+    """The agent as a background job sees it: the stores, its node id, topic configs."""
+
+    @property
+    def kv(self) -> KV: ...
+    @property
+    def sub(self) -> keys.Subspace: ...
+    @property
+    def store(self) -> ObjectStore: ...
+    @property
+    def node_id(self) -> int: ...
+    def topic_config(self, topic: topics.Topic, name: str) -> str: ...
 
 
 class AgentServices(Protocol):

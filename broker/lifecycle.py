@@ -29,17 +29,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
 
 import anyio
 
 from broker import faults
 from broker.compaction import OUTPUT_PREFIX
-from metadata import keys, leases
+from broker.context import JobAgent
+from broker.topic_configs import cleanup_policies
+from metadata import leases
 from metadata import lifecycle as lifecycle_layer
 from metadata import topics as topics_layer
-from metadata.kv import KV
-from storage.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
 
@@ -63,20 +62,6 @@ class LifecycleSettings:
         return max(0.2, min(10.0, self.delete_delay_ms / 4000))
 
 
-class LifecycleAgent(Protocol):
-    """What the lifecycle needs of its agent."""
-
-    @property
-    def kv(self) -> KV: ...
-    @property
-    def sub(self) -> keys.Subspace: ...
-    @property
-    def store(self) -> ObjectStore: ...
-    @property
-    def node_id(self) -> int: ...
-    def topic_config(self, topic: topics_layer.Topic, name: str) -> str: ...
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -90,7 +75,7 @@ def _limit(value: str) -> int:
 class Lifecycle:
     def __init__(
         self,
-        agent: LifecycleAgent,
+        agent: JobAgent,
         settings: LifecycleSettings,
         *,
         forget_cached: Callable[[str], None] = lambda key: None,
@@ -153,8 +138,7 @@ class Lifecycle:
         topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
         dropped = 0
         for topic in topics:
-            policy = agent.topic_config(topic, "cleanup.policy").split(",")
-            if "delete" in (p.strip() for p in policy):
+            if "delete" in cleanup_policies(agent.topic_config(topic, "cleanup.policy")):
                 retention_ms = _limit(agent.topic_config(topic, "retention.ms"))
                 retention_bytes = _limit(agent.topic_config(topic, "retention.bytes"))
             else:  # compacted: only what DeleteRecords left below the log start

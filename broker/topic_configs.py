@@ -412,6 +412,11 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
     return canonical
 
 
+def cleanup_policies(value: str) -> frozenset[str]:
+    """What a cleanup.policy value holds: "delete", "compact", both or (empty) neither."""
+    return frozenset(p.strip() for p in value.split(",") if p.strip())
+
+
 # -- describing configs -------------------------------------------------------------------
 
 

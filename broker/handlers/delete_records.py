@@ -23,6 +23,7 @@ from broker.agent import now_ms
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.topic_configs import cleanup_policies
 from metadata import lifecycle
 from metadata.errors import MetadataError
 
@@ -35,8 +36,8 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     answers = []
     for wanted in request.topics:
         topic = await agent.topic(wanted.name)
-        deletable = topic is not None and "delete" in (
-            p.strip() for p in agent.topic_config(topic, "cleanup.policy").split(",")
+        deletable = topic is not None and "delete" in cleanup_policies(
+            agent.topic_config(topic, "cleanup.policy")
         )
         partitions = []
         for p in wanted.partitions:

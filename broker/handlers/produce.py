@@ -29,6 +29,7 @@ from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.sync import Promise
+from broker.topic_configs import cleanup_policies
 from metadata.log import AppendResult
 from protocol.records import (
     LOG_APPEND_TIME,
@@ -122,8 +123,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         if topic is not None:
             max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
             log_append_time = agent.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
-            policy = agent.topic_config(topic, "cleanup.policy").split(",")
-            compacted = "compact" in (p.strip() for p in policy)
+            compacted = "compact" in cleanup_policies(agent.topic_config(topic, "cleanup.policy"))
         for pdata in topic_data.partition_data:
             key = (name, pdata.index)
             order.append(key)
