@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from typing import Any, Protocol
 
 import anyio
@@ -62,7 +64,7 @@ from protocol.records import (
     iter_records,
     rebase_batches,
 )
-from storage.cleaner import CleanerStats, KeyMap, LastBatch, build_key_map, clean
+from storage.cleaner import CleanedBatch, CleanerStats, KeyMap, LastBatch, build_key_map, clean
 from storage.ingest import encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
 
@@ -398,14 +400,12 @@ def clean_round(
             size = 0
         stretches[-1].append(entry)
         size += entry.length
-    owner: list[int] = []  # the stretch of each batch, in order
+    stretch_ends = [stretch[-1].last_offset for stretch in stretches]
 
     def all_batches() -> Iterator[RecordBatchView]:
-        for index, stretch in enumerate(stretches):
+        for stretch in stretches:
             for entry in stretch:
-                batches = _entry_batches(store, entry)
-                owner.extend([index] * len(batches))
-                yield from batches
+                yield from _entry_batches(store, entry)
 
     cleaned = clean(
         all_batches(),
@@ -418,10 +418,8 @@ def clean_round(
         stats=stats,
     )
     committed = before = after = 0
-    pending: list[Any] = []
-    position = 0
 
-    def commit(index: int, results: list[Any]) -> bool:
+    def commit(index: int, results: list[CleanedBatch]) -> bool:
         nonlocal committed, before, after
         stretch = stretches[index]
         kept = [RecordBatchView(r.data) for r in results if r.data is not None]
@@ -462,16 +460,12 @@ def clean_round(
         after += sum(e.length for e in outputs)
         return True
 
-    for result in cleaned:
-        index = owner[position]
-        position += 1
-        if pending and owner[position - 2] != index:
-            if not commit(owner[position - 2], pending):
-                return None
-            pending = []
-        pending.append(result)
-    if pending and not commit(owner[position - 1], pending):
-        return None
+    # Each stretch is committed once its last batch is cleaned (every entry holds one).
+    for index, results in groupby(
+        cleaned, key=lambda r: bisect_left(stretch_ends, r.source.base_offset)
+    ):
+        if not commit(index, list(results)):
+            return None
     kv.transact_sync(
         partial(
             cleaning_layer.finish_round,
