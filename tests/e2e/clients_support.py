@@ -296,6 +296,33 @@ def ensure_topic(bootstrap: str, name: str) -> None:
         time.sleep(0.1)
 
 
+def create_topic(
+    bootstrap: str, name: str, configs: dict[str, str] | None = None, partitions: int = 1
+) -> None:
+    """CreateTopics through confluent-kafka's AdminClient; raises if refused."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer is in
+    topic = NewTopic(name, partitions, 1, config=configs or {})
+    admin.create_topics([topic])[name].result(timeout=20)
+
+
+def set_topic_configs(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    """IncrementalAlterConfigs SET of each config; raises if refused."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in configs.items()
+        ],
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer is in
+    admin.incremental_alter_configs([resource])[resource].result(timeout=20)
+
+
 def topic_partitions(bootstrap: str, name: str) -> int:
     from confluent_kafka.admin import AdminClient
 

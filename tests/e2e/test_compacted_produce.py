@@ -18,6 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from protocol.compression import Compression
 from protocol.records import build_batch
+from tests.e2e.clients_support import create_topic, set_topic_configs
 from tests.e2e.wire import WireClient, fetch, produce
 from tests.support.brokerproc import BrokerProcess, free_ports
 
@@ -36,34 +37,14 @@ def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
         process.stop()
 
 
-def admin(broker: BrokerProcess):
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient({"bootstrap.servers": broker.bootstrap})
-
-
-def create_topic(broker: BrokerProcess, policy: str) -> str:
-    from confluent_kafka.admin import NewTopic
-
+def create_compacted(broker: BrokerProcess, policy: str) -> str:
     name = f"cp-{policy.replace(',', '-')}-{uuid.uuid4().hex[:8]}"
-    client = admin(broker)  # kept alive until the answer is in
-    futures = client.create_topics([NewTopic(name, 1, 1, config={"cleanup.policy": policy})])
-    futures[name].result(timeout=20)
+    create_topic(broker.bootstrap, name, {"cleanup.policy": policy})
     return name
 
 
 def set_policy(broker: BrokerProcess, topic: str, policy: str) -> None:
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-
-    resource = ConfigResource(
-        ConfigResource.Type.TOPIC,
-        topic,
-        incremental_configs=[
-            ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
-        ],
-    )
-    client = admin(broker)  # kept alive until the answer is in
-    client.incremental_alter_configs([resource])[resource].result(timeout=20)
+    set_topic_configs(broker.bootstrap, topic, {"cleanup.policy": policy})
 
 
 def expected_message(topic: str, indexes: list[int]) -> str:
@@ -87,9 +68,9 @@ MIXED = [
 
 @pytest.mark.parametrize("codec", [Compression.NONE, Compression.LZ4], ids=["none", "lz4"])
 def test_keyless_records_are_refused_with_kafkas_answer(broker, codec):
-    compacted = create_topic(broker, "compact")
-    both = create_topic(broker, "compact,delete")
-    deleted = create_topic(broker, "delete")
+    compacted = create_compacted(broker, "compact")
+    both = create_compacted(broker, "compact,delete")
+    deleted = create_compacted(broker, "delete")
     batch = build_batch(MIXED, compression=codec)
     with WireClient(broker.bootstrap) as client:
         answers = produce(client, {compacted: {0: batch}, both: {0: batch}, deleted: {0: batch}})
@@ -119,7 +100,7 @@ def test_clients_see_invalid_record(broker):
     from kafka import KafkaProducer
     from kafka.errors import InvalidRecordError
 
-    topic = create_topic(broker, "compact")
+    topic = create_compacted(broker, "compact")
     outcomes: list[tuple[bytes | None, int | None]] = []
 
     def delivered(err, msg) -> None:
@@ -142,7 +123,7 @@ def test_clients_see_invalid_record(broker):
 
 
 def test_a_policy_altered_at_run_time_applies_to_later_batches(broker):
-    topic = create_topic(broker, "delete")
+    topic = create_compacted(broker, "delete")
     keyless = build_batch([(None, b"v", [], TS)])
     with WireClient(broker.bootstrap) as client:
         assert produce(client, {topic: {0: keyless}})[topic, 0].error_code == ErrorCode.none

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from tests.e2e.clients_support import create_topic, set_topic_configs
 from tests.support.brokerproc import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -29,13 +30,6 @@ FAST = [
 ]
 KEYS = 20
 ROUNDS = 30
-
-
-def create(broker: BrokerProcess, name: str, configs: dict[str, str]) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(name, 1, 1, config=configs)])[name].result(timeout=20)
 
 
 def produce(broker: BrokerProcess, topic: str) -> dict[bytes, bytes]:
@@ -108,8 +102,8 @@ def read_kafka_python(broker: BrokerProcess, topic: str) -> list[tuple[int, byte
 
 def test_a_compacted_topic_reads_as_the_latest_value_of_each_key(start_broker):
     broker = start_broker(extra_args=FAST)
-    create(broker, "table", {"cleanup.policy": "compact"})
-    create(broker, "history", {"cleanup.policy": "delete"})
+    create_topic(broker.bootstrap, "table", {"cleanup.policy": "compact"})
+    create_topic(broker.bootstrap, "history", {"cleanup.policy": "delete"})
     last = produce(broker, "table")
     produce(broker, "history")
 
@@ -148,21 +142,6 @@ def wait_for_records(broker, topic, count, timeout=60):
         time.sleep(0.5)
 
 
-def set_configs(broker: BrokerProcess, topic: str, configs: dict[str, str]) -> None:
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    resource = ConfigResource(
-        ConfigResource.Type.TOPIC,
-        topic,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in configs.items()
-        ],
-    )
-    admin.incremental_alter_configs([resource])[resource].result(timeout=20)
-
-
 EAGER = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
 
 
@@ -170,7 +149,7 @@ def test_tombstones_are_read_until_delete_retention_has_passed(start_broker):
     from confluent_kafka import Producer
 
     broker = start_broker(extra_args=FAST)
-    create(broker, "tomb", {**EAGER, "delete.retention.ms": "3000"})
+    create_topic(broker.bootstrap, "tomb", {**EAGER, "delete.retention.ms": "3000"})
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for key in (b"gone", b"kept"):
         producer.produce("tomb", key=key, value=b"v1")
@@ -197,9 +176,9 @@ def test_tombstones_are_read_until_delete_retention_has_passed(start_broker):
 
 def test_min_compaction_lag_holds_records_back_and_max_lag_forces_a_round(start_broker):
     broker = start_broker(extra_args=FAST)
-    create(broker, "lagged", {**EAGER, "min.compaction.lag.ms": "3600000"})
-    create(
-        broker,
+    create_topic(broker.bootstrap, "lagged", {**EAGER, "min.compaction.lag.ms": "3600000"})
+    create_topic(
+        broker.bootstrap,
         "forced",
         {
             "cleanup.policy": "compact",
@@ -221,7 +200,7 @@ def test_an_idempotent_producer_keeps_producing_to_a_cleaned_partition(start_bro
     from confluent_kafka import Producer
 
     broker = start_broker(extra_args=FAST)
-    create(broker, "idem", EAGER)
+    create_topic(broker.bootstrap, "idem", EAGER)
     errors: list = []
 
     def delivered(err, _msg) -> None:
@@ -255,7 +234,7 @@ def test_aborted_records_never_come_back_and_committed_ones_are_deduplicated(sta
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     broker = start_broker(extra_args=FAST)
-    create(broker, "txn", EAGER)
+    create_topic(broker.bootstrap, "txn", EAGER)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-compacted"})
     producer.init_transactions(20)
     for r in range(6):
@@ -300,13 +279,13 @@ def test_aborted_records_never_come_back_and_committed_ones_are_deduplicated(sta
 
 def test_the_policy_switched_at_run_time_takes_effect_at_each_step(start_broker):
     broker = start_broker(extra_args=FAST)
-    create(broker, "switch", {"cleanup.policy": "delete"})
+    create_topic(broker.bootstrap, "switch", {"cleanup.policy": "delete"})
     produce(broker, "switch")
     time.sleep(2)
     assert len(read_confluent(broker, "switch")) == ROUNDS * KEYS  # delete: all kept
-    set_configs(broker, "switch", EAGER)
+    set_topic_configs(broker.bootstrap, "switch", EAGER)
     assert len(wait_for_records(broker, "switch", KEYS)) == KEYS  # compact: cleaned
-    set_configs(broker, "switch", {"cleanup.policy": "delete"})
+    set_topic_configs(broker.bootstrap, "switch", {"cleanup.policy": "delete"})
     last = produce(broker, "switch")
     time.sleep(2)
     records = read_confluent(broker, "switch")
@@ -323,7 +302,7 @@ def test_a_cleaning_killed_midway_loses_nothing_and_the_next_round_finishes(
     data_dir = tmp_path / "data"
     off = ["--log-cleaner-enable", "false", "--compaction", "false"]
     broker = start_broker(extra_args=off, data_dir=data_dir)
-    create(broker, "k9", EAGER)
+    create_topic(broker.bootstrap, "k9", EAGER)
     last = produce(broker, "k9")
     before = read_confluent(broker, "k9")
     assert len(before) == ROUNDS * KEYS
