@@ -275,6 +275,14 @@ def test_a_fetch_with_an_index_lookup_from_before_a_compaction_still_reads(start
     wait_for("expiry counted", lambda: broker.stats()["chunk_cache"]["expired"] >= 1)
 
 
+def _settled(broker: BrokerProcess, topic: str, partitions: int) -> list[int] | None:
+    """Objects per partition once two reads a second apart agree (no job moved them)."""
+    before = objects_per_partition(broker, topic, partitions)
+    time.sleep(1.0)
+    after = objects_per_partition(broker, topic, partitions)
+    return after if after == before else None
+
+
 def _records(data: bytes) -> list:
     from protocol.records import iter_batches, iter_records
 
@@ -294,8 +302,13 @@ def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
         return sum(again.stats(port).get("compaction", {}).get(name, 0) for port in again.ports)
 
     wait_for("ingest files deleted", lambda: again.object_keys("ingest/") == [], timeout=60)
-    wait_for("level-2 jobs done", lambda: total("l2_jobs") == 12, timeout=30)
     # Claims kept the agents apart: 12 level-1 jobs in all, none dropped.
     assert (total("l1_jobs"), total("l1_dropped"), total("l2_dropped")) == (12, 0, 0)
-    assert objects_per_partition(again, "two", 4) == [3, 3, 3, 3]
+    # Level 2: three runs of four level-1 objects per partition when the level-1 jobs
+    # finish in order. The two agents may finish them out of order; a level-1 object
+    # whose neighbours went to level 2 before it came stays alone, one object more.
+    wait_for("level-2 jobs done", lambda: total("l2_jobs") >= 12, timeout=30)
+    settled = wait_for("level 2 settled", lambda: _settled(again, "two", 4), timeout=30)
+    assert all(3 <= n <= 5 for n in settled), settled
+    assert total("l2_dropped") == 0
     assert read_records(again, "two", 4, 48 * 3 * 4) == {p: expected["two", p] for p in range(4)}
