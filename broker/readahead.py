@@ -1,32 +1,47 @@
 """Read-ahead for consumers that read behind the head of a partition.
 
 A tailing consumer is served from the cache of recently written objects. A consumer
-catching up is not: each of its Fetches reads chunks from the object store, and a client
-with one Fetch in flight (the Java consumer) waits for that read every time. When a
-Fetch had to go to the store for a partition, the handler asks for the objects holding
-the partition's *next* `max_bytes` to be brought into the cache in the background, so
-the consumer's next Fetch finds them there. A Fetch that reaches an object brought in
-this way asks for the stretch after it, so the cache stays ahead of the consumer until it
-reaches the head of the partition.
+catching up is not: each of its Fetches would read chunks from the object store, and a
+client with one Fetch in flight (the Java consumer) would wait for that read every time,
+one GET per partition and Fetch. So when a Fetch of a partition behind its head had to go
+to the store, the handler asks for a *stretch* of the partition after it to be brought
+into the cache in the background; once the consumer's Fetches have reached the middle of
+that stretch, the next one is asked for, so the cache stays ahead of the consumer until
+it reaches the head of the partition.
+
+The stretch is the cache's share per partition being read ahead: a third of the cache
+divided among the partitions read ahead in the last `ACTIVE_SECONDS` (two stretches of
+each may be held at a time: the one being read and the next), between `STRETCH_MIN` and
+`STRETCH_MAX`. One partition catching up alone reads 64 MiB per GET; a consumer of 64
+partitions at once reads 1.3 MiB of each per GET with the default 256 MiB cache. An object
+no larger than the stretch is read whole, so an object holding many partitions (an ingest
+file, a level-1 object) serves a consumer of all of them with one GET; of a larger one
+(a level-2 object holds one partition) the partition's bytes of the stretch are read as
+one range.
 
 Best effort and bounded: requests wait in a queue of `QUEUE` (a request that does not
-fit is dropped and counted), `WORKERS` tasks serve them, an object already cached or
-being read is not read again, and a failure is logged and forgotten (the Fetch that
-needs the object then reads it itself). Objects are read whole, so an object holding
-many partitions serves a consumer of all of them with one GET.
+fit is dropped and counted), `WORKERS` tasks serve them, a partition has at most one
+request queued or being read, a range already cached or being read is not read again,
+and a failure is logged and forgotten (the Fetch that needs the bytes then reads them
+itself).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from metadata import keys
 from metadata.chunk_cache import ChunkCache, read_chunks_cached
-from metadata.kv import KV
+from metadata.kv import KV, ReadTransaction
+from metadata.lifecycle import get_object
+from metadata.log import ChunkEntry
 from storage.cache import ObjectCache
 from storage.objectstore import ObjectStore
 
@@ -34,10 +49,32 @@ logger = logging.getLogger(__name__)
 
 QUEUE = 64
 WORKERS = 2
-ENTRIES_PER_READ = 16
-REMEMBERED = 1024  # objects read ahead that a Fetch may still reach
+STRETCH_MIN = 1024 * 1024
+STRETCH_MAX = 64 * 1024 * 1024
+ENTRIES_PER_READ = 1024  # entries of one stretch (level-2 entries are 256 KiB)
+ACTIVE_SECONDS = 10.0
+FRONTS = 4096  # partitions whose read-ahead front is remembered
 
-_Request = tuple[bytes, int, int, int]  # topic id, partition, from offset, max bytes
+_Partition = tuple[bytes, int]  # topic id, partition
+
+
+@dataclass(slots=True)
+class _Front:
+    """How far a partition was read ahead, and where a Fetch asks for the next stretch."""
+
+    next_offset: int = -1  # the first offset after the last stretch (-1: none read yet)
+    refill_at: int = -1  # a Fetch reaching this offset asks for the next stretch
+    busy: bool = False  # a request is queued or being read
+    seen: float = 0.0  # time.monotonic() of the last Fetch that noted the partition
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """One GET of a stretch: bytes [start, end) of an object (the whole object: None)."""
+
+    object_key: str
+    start: int | None
+    end: int | None
 
 
 class ReadAhead:
@@ -54,29 +91,75 @@ class ReadAhead:
         self._sub = sub
         self._store = store
         self._cache = cache
-        self._send, self._receive = anyio.create_memory_object_stream[_Request](QUEUE)
-        self._reading: set[str] = set()
-        self._queued: set[tuple[bytes, int, int]] = set()
-        self._read_ahead_objects: OrderedDict[str, None] = OrderedDict()
-        self.stats: dict[str, int] = {"requests": 0, "dropped": 0, "objects": 0, "failures": 0}
+        self._send, self._receive = anyio.create_memory_object_stream[
+            tuple[_Partition, int]
+        ](QUEUE)
+        self._reading: set[_Piece] = set()
+        self._fronts: OrderedDict[_Partition, _Front] = OrderedDict()
+        self._active = 1
+        self._active_counted_at = 0.0
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "dropped": 0,
+            "objects": 0,
+            "ranges": 0,
+            "bytes": 0,
+            "failures": 0,
+        }
 
-    def was_read_ahead(self, object_key: str) -> bool:
-        """Whether this object came into the cache by read-ahead (recently): a Fetch that
-        reaches it is still catching up, so the next stretch should follow."""
-        return object_key in self._read_ahead_objects
-
-    def request(self, topic_id: bytes, partition: int, from_offset: int, max_bytes: int) -> None:
-        """Bring the objects of the partition's max_bytes from from_offset into the cache."""
-        key = (topic_id, partition, from_offset)
-        if key in self._queued:
+    def note_fetch(
+        self,
+        topic_id: bytes,
+        partition: int,
+        entries: Sequence[ChunkEntry],
+        high_watermark: int,
+    ) -> None:
+        """A Fetch read `entries` of a partition whose head is further on: ask for the
+        next stretch when the Fetch had to go to the store for them, or when it reached
+        the middle of the stretch read ahead last."""
+        if not entries or entries[-1].last_offset + 1 >= high_watermark:
             return
+        key = (topic_id, partition)
+        front = self._fronts.get(key)
+        if front is None:
+            front = self._fronts[key] = _Front()
+            if len(self._fronts) > FRONTS:
+                self._fronts.popitem(last=False)
+        else:
+            self._fronts.move_to_end(key)
+        front.seen = time.monotonic()
+        if front.busy:
+            return
+        last = entries[-1]
+        if last.last_offset >= front.next_offset and not all(
+            self._cache.covers(e.object_key, e.start, e.start + e.length) for e in entries
+        ):
+            # Past what was read ahead, and behind the cache: from the last entry read
+            # (the next Fetch may start in it).
+            self._request(key, front, last.base_offset)
+        elif 0 <= front.refill_at <= last.last_offset and front.next_offset < high_watermark:
+            self._request(key, front, front.next_offset)
+
+    def _request(self, key: _Partition, front: _Front, from_offset: int) -> None:
         try:
-            self._send.send_nowait((topic_id, partition, from_offset, max_bytes))
+            self._send.send_nowait((key, from_offset))
         except anyio.WouldBlock:
             self.stats["dropped"] += 1
             return
-        self._queued.add(key)
+        front.busy = True
         self.stats["requests"] += 1
+
+    def stretch_bytes(self) -> int:
+        """The bytes of one stretch: a third of the cache shared among the partitions
+        read ahead lately (counted at most once a second)."""
+        now = time.monotonic()
+        if now - self._active_counted_at >= 1.0:
+            self._active = max(
+                1, sum(1 for f in self._fronts.values() if now - f.seen <= ACTIVE_SECONDS)
+            )
+            self._active_counted_at = now
+        share = self._cache.max_bytes // (3 * self._active)
+        return max(STRETCH_MIN, min(STRETCH_MAX, share))
 
     async def run(self) -> None:
         """The workers; run for the life of the agent in its root task group."""
@@ -84,21 +167,25 @@ class ReadAhead:
             for _ in range(WORKERS):
                 tg.start_soon(self._worker, self._receive.clone())
 
-    async def _worker(self, receive: MemoryObjectReceiveStream[_Request]) -> None:
+    async def _worker(self, receive: MemoryObjectReceiveStream[tuple[_Partition, int]]) -> None:
         async with receive:
-            async for topic_id, partition, from_offset, max_bytes in receive:
-                self._queued.discard((topic_id, partition, from_offset))
+            async for key, from_offset in receive:
+                front = self._fronts.get(key)
                 try:
-                    await self._read_ahead(topic_id, partition, from_offset, max_bytes)
+                    await self._read_stretch(key, from_offset, front)
                 except Exception as exc:  # best effort: the Fetch reads it itself
                     self.stats["failures"] += 1
-                    logger.debug("read-ahead of partition %d failed: %s", partition, exc)
+                    logger.debug("read-ahead of partition %d failed: %s", key[1], exc)
+                finally:
+                    if front is not None:
+                        front.busy = False
 
-    async def _read_ahead(
-        self, topic_id: bytes, partition: int, from_offset: int, max_bytes: int
-    ) -> None:
-        entries = await self._kv.read(
-            lambda tr: read_chunks_cached(
+    async def _read_stretch(self, key: _Partition, from_offset: int, front: _Front | None) -> None:
+        topic_id, partition = key
+        stretch = self.stretch_bytes()
+
+        def plan(tr: ReadTransaction) -> tuple[list[ChunkEntry], dict[str, int]]:
+            entries = read_chunks_cached(
                 tr,
                 self._chunks,
                 self._sub,
@@ -106,20 +193,67 @@ class ReadAhead:
                 partition,
                 from_offset,
                 ENTRIES_PER_READ,
-                max_bytes,
-            ),
-            quick=True,
-        )
-        for object_key in dict.fromkeys(e.object_key for e in entries):
-            if object_key in self._cache or object_key in self._reading:
+                stretch,
+            )
+            sizes = {}
+            for object_key in dict.fromkeys(e.object_key for e in entries):
+                record = get_object(tr, self._sub, object_key)
+                sizes[object_key] = -1 if record is None else record.size
+            return entries, sizes
+
+        entries, sizes = await self._kv.read(plan, quick=True)
+        if not entries:
+            return
+        if front is not None:
+            front.next_offset = entries[-1].last_offset + 1
+            front.refill_at = _middle(entries)
+        for piece in _pieces(entries, sizes, stretch):
+            if piece in self._reading or (
+                self._cache.covers(piece.object_key, piece.start, piece.end)
+                if piece.start is not None and piece.end is not None
+                else piece.object_key in self._cache
+            ):
                 continue
-            self._reading.add(object_key)
+            self._reading.add(piece)
             try:
-                data = await self._store.get(object_key)
+                data = await self._store.get(
+                    piece.object_key, 0 if piece.start is None else piece.start, piece.end
+                )
             finally:
-                self._reading.discard(object_key)
-            self._cache.put(object_key, data)
-            self.stats["objects"] += 1
-            self._read_ahead_objects[object_key] = None
-            if len(self._read_ahead_objects) > REMEMBERED:
-                self._read_ahead_objects.popitem(last=False)
+                self._reading.discard(piece)
+            if piece.start is None:
+                self._cache.put(piece.object_key, data)
+                self.stats["objects"] += 1
+            else:
+                self._cache.put_range(piece.object_key, piece.start, data)
+                self.stats["ranges"] += 1
+            self.stats["bytes"] += len(data)
+
+
+def _middle(entries: Sequence[ChunkEntry]) -> int:
+    """The first offset of the entry where half of the entries' bytes are reached."""
+    half = sum(e.length for e in entries) // 2
+    seen = 0
+    for entry in entries:
+        seen += entry.length
+        if seen >= half:
+            return entry.base_offset
+    return entries[-1].base_offset
+
+
+def _pieces(entries: Sequence[ChunkEntry], sizes: dict[str, int], stretch: int) -> list[_Piece]:
+    """The GETs of a stretch, in offset order: an object of unknown size or no larger than
+    the stretch whole, of a larger one the span of the entries in it."""
+    spans: dict[str, list[int]] = {}
+    for e in entries:
+        span = spans.setdefault(e.object_key, [e.start, e.start + e.length])
+        span[0] = min(span[0], e.start)
+        span[1] = max(span[1], e.start + e.length)
+    pieces = []
+    for object_key, (start, end) in spans.items():
+        size = sizes.get(object_key, -1)
+        if 0 <= size and stretch < size:
+            pieces.append(_Piece(object_key, start, end))
+        else:
+            pieces.append(_Piece(object_key, None, None))
+    return pieces

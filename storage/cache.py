@@ -1,8 +1,8 @@
 """Reading byte ranges of ingest files: a cache of recent files and coalesced GETs.
 
 Rules:
-- ObjectCache keeps whole objects this agent just wrote or read ahead, least recently
-  used first out, bounded by bytes. Objects are immutable and their keys never used
+- ObjectCache keeps whole objects this agent just wrote or read ahead, and ranges of
+  large objects read ahead, least recently used first out, bounded by bytes. Objects are immutable and their keys never used
   again, so an entry never goes stale; one deleted from the store (garbage collection
   discards it here too) still holds the bytes a reader with an older index lookup wants.
 - RangeReader serves a range from the cache when the object is there; otherwise it
@@ -25,18 +25,27 @@ DEFAULT_MAX_GAP = 1024 * 1024
 
 
 class ObjectCache:
-    """An LRU map key -> whole object, holding at most max_bytes of data."""
+    """An LRU map of whole objects and of byte ranges of objects, holding at most
+    max_bytes of data.
+
+    A range is what read-ahead brings of a large object: one partition's stretch of a
+    level-2 object, where the object is too large to hold whole for every partition a
+    consumer reads at once. A whole object replaces the ranges of it held before.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._objects: OrderedDict[str, bytes] = OrderedDict()
+        # key -> whole object, or (key, start) -> bytes [start, start + len) of it
+        self._entries: OrderedDict[str | tuple[str, int], bytes] = OrderedDict()
+        self._ranges: dict[str, dict[int, int]] = {}  # key -> {start: end} held
         self.stats: dict[str, int] = {"hits": 0, "misses": 0, "evictions": 0, "bytes": 0}
 
     def __len__(self) -> int:
-        return len(self._objects)
+        return len(self._entries)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._objects
+        """Whether the whole object is held."""
+        return isinstance(key, str) and key in self._entries
 
     @property
     def total_bytes(self) -> int:
@@ -45,35 +54,86 @@ class ObjectCache:
 
     def put(self, key: str, data: bytes) -> None:
         self.discard(key)
+        self._add(key, data)
+
+    def put_range(self, key: str, start: int, data: bytes) -> None:
+        """Hold bytes [start, start + len(data)) of the object (unless it is held whole)."""
+        if key in self._entries:
+            return
+        old = self._entries.pop((key, start), None)
+        if old is not None:
+            self.stats["bytes"] -= len(old)
+        self._ranges.setdefault(key, {})[start] = start + len(data)
+        self._add((key, start), data)
+
+    def _add(self, entry: str | tuple[str, int], data: bytes) -> None:
         if len(data) > self.max_bytes:
+            self._forget_range(entry)
             return  # would evict everything and still not fit
-        self._objects[key] = data
+        self._entries[entry] = data
         self.stats["bytes"] += len(data)
         while self.stats["bytes"] > self.max_bytes:
-            _old_key, old = self._objects.popitem(last=False)
+            old_entry, old = self._entries.popitem(last=False)
+            self._forget_range(old_entry)
             self.stats["bytes"] -= len(old)
             self.stats["evictions"] += 1
 
+    def _forget_range(self, entry: str | tuple[str, int]) -> None:
+        if isinstance(entry, tuple):
+            key, start = entry
+            held = self._ranges.get(key)
+            if held is not None:
+                held.pop(start, None)
+                if not held:
+                    del self._ranges[key]
+
     def get(self, key: str) -> bytes | None:
-        data = self._objects.get(key)
+        """The whole object, if held whole."""
+        data = self._entries.get(key)
         if data is None:
             self.stats["misses"] += 1
             return None
-        self._objects.move_to_end(key)
+        self._entries.move_to_end(key)
         self.stats["hits"] += 1
         return data
 
     def slice(self, key: str, start: int, end: int | None = None) -> memoryview | None:
-        """Bytes [start, end) of a cached object without copying, or None if not cached."""
-        data = self.get(key)
-        if data is None:
+        """Bytes [start, end) of a held object or range without copying, or None (end
+        None: to the end of the object, or of the range holding start)."""
+        data = self._entries.get(key)
+        if data is not None:
+            self._entries.move_to_end(key)
+            self.stats["hits"] += 1
+            return memoryview(data)[start:end]
+        found = self._range_start(key, start, end)
+        if found is None:
+            self.stats["misses"] += 1
             return None
-        return memoryview(data)[start:end]
+        entry = (key, found)
+        self._entries.move_to_end(entry)
+        self.stats["hits"] += 1
+        stop = None if end is None else end - found
+        return memoryview(self._entries[entry])[start - found : stop]
+
+    def covers(self, key: str, start: int, end: int) -> bool:
+        """Whether bytes [start, end) are held, whole or in one range (nothing counted)."""
+        return key in self._entries or self._range_start(key, start, end) is not None
+
+    def _range_start(self, key: str, start: int, end: int | None) -> int | None:
+        for begin, stop in self._ranges.get(key, {}).items():
+            if begin <= start and (start < stop if end is None else end <= stop):
+                return begin
+        return None
 
     def discard(self, key: str) -> None:
-        old = self._objects.pop(key, None)
+        """Forget the object, whole and every range of it."""
+        old = self._entries.pop(key, None)
         if old is not None:
             self.stats["bytes"] -= len(old)
+        for begin in self._ranges.pop(key, {}):
+            old = self._entries.pop((key, begin), None)
+            if old is not None:
+                self.stats["bytes"] -= len(old)
 
 
 class RangeReader:
@@ -109,9 +169,9 @@ class RangeReader:
         for index, (key, start, end) in enumerate(requests):
             if start < 0 or end < start:
                 raise ValueError(f"bad range [{start}, {end}) of {key!r}")
-            cached = self.cache.get(key) if self.cache is not None else None
+            cached = self.cache.slice(key, start, end) if self.cache is not None else None
             if cached is not None:
-                results[index] = memoryview(cached)[start:end]
+                results[index] = cached
                 self.stats["cache_reads"] += 1
             elif end > start:
                 pending.setdefault(key, []).append(index)

@@ -205,7 +205,7 @@ async def _read_metadata(
 
 
 def _take_state(agent: AgentServices, p: _Partition, read: _State) -> None:
-    """Keep what the metadata read found on the partition; ask for read-ahead if behind."""
+    """Keep what the metadata read found on the partition; tell read-ahead what it read."""
     state, entries = read.state, read.entries
     if state is None:
         p.gone()
@@ -217,23 +217,8 @@ def _take_state(agent: AgentServices, p: _Partition, read: _State) -> None:
     if not state.log_start_offset <= p.fetch_offset <= state.high_watermark:
         p.error = ErrorCode.offset_out_of_range
     p.entries = entries
-    behind = bool(entries) and entries[-1].last_offset + 1 < state.high_watermark
-    if (
-        behind
-        and p.topic is not None
-        and (
-            any(e.object_key not in agent.cache for e in entries)
-            or agent.read_ahead.was_read_ahead(entries[-1].object_key)
-        )
-    ):
-        # Reading behind the cache: have the next stretch there for the next Fetch.
-        agent.read_ahead.request(
-            p.topic.topic_id,
-            p.partition,
-            # From the last entry read: the next Fetch may start inside it.
-            entries[-1].base_offset,
-            p.partition_max_bytes,
-        )
+    if p.topic is not None:
+        agent.read_ahead.note_fetch(p.topic.topic_id, p.partition, entries, state.high_watermark)
 
 
 async def _read(agent: AgentServices, partitions: list[_Partition], read_committed: bool) -> None:

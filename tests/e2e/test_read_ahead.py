@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -46,3 +47,55 @@ def test_catch_up_reads_come_from_the_cache_after_the_first(start_broker, tmp_pa
     assert stats["reader"]["gets"] <= 6, stats
     assert stats["read_ahead"]["objects"] >= OBJECTS - 4, stats
     assert stats["reader"]["cache_reads"] >= OBJECTS - 4, stats
+
+
+LARGE = 128_000  # one record a flush; 96 flushes, 12 MB in one partition
+MIB = 1024 * 1024
+
+
+def test_a_catch_up_of_large_level_two_objects_reads_stretches_of_them(start_broker, tmp_path):
+    from tests.e2e.test_compaction import objects_per_partition
+    from tests.e2e.test_retention import wait_for
+
+    data_dir = tmp_path / "data"
+    writer = start_broker(extra_args=["--compaction", "false"], data_dir=data_dir)
+    values = [b"%04d" % i + os.urandom(LARGE) for i in range(96)]
+    for value in values:
+        produce_raw(writer.port, "deep", 0, [(None, value)])
+    writer.stop()
+    # 96 ingest files -> 12 level-1 objects of 8 -> one level-2 object of 8 of them (8 MB)
+    # and four level-1 objects waiting for more.
+    compacting = start_broker(
+        extra_args=[
+            "--compaction-min-age-ms", "1",
+            "--compaction-interval-ms", "200",
+            "--compaction-max-inputs", "8",
+        ],
+        data_dir=data_dir,
+        port=writer.port,
+    )  # fmt: skip
+    wait_for("level 2", lambda: objects_per_partition(compacting, "deep", 1) == [5], timeout=60)
+    compacting.stop()
+
+    # A 6 MiB cache cannot hold the 8 MB object whole: read-ahead brings 2 MiB stretches
+    # of it (a third of the cache, one partition being read).
+    reader = start_broker(
+        extra_args=["--compaction", "false", "--cache-bytes", str(6 * MIB)],
+        data_dir=data_dir,
+        port=writer.port,
+    )
+    seen: list[bytes] = []
+    while len(seen) < len(values):
+        got = fetch_raw(reader.port, "deep", 0, offset=len(seen), partition_max_bytes=MIB)
+        assert got and got[0][0] == len(seen), f"nothing at offset {len(seen)}"
+        seen += [value or b"" for _offset, value in got]
+        time.sleep(0.2)  # the consumer works on its records; read-ahead runs meanwhile
+    assert seen == values
+
+    stats = _stats(data_dir, reader.port)
+    ahead = stats["read_ahead"]
+    # Whole-object read-ahead could not cache the level-2 object, and every Fetch of it
+    # would read from the store itself (about 10 GETs).
+    assert ahead["ranges"] >= 3, stats
+    assert stats["reader"]["gets"] <= 4, stats
+    assert ahead["bytes"] <= 13_000_000, "each byte read ahead about once"

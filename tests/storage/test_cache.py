@@ -55,6 +55,48 @@ def test_cache_replaces_and_skips_oversized() -> None:
     assert cache.total_bytes == 0 and len(cache) == 0
 
 
+def test_cache_holds_ranges_of_an_object() -> None:
+    cache = ObjectCache(max_bytes=100)
+    cache.put_range("big", 1000, b"0123456789")
+    assert "big" not in cache, "a range is not the whole object"
+    assert cache.covers("big", 1002, 1005) and not cache.covers("big", 1005, 1011)
+    assert bytes(cache.slice("big", 1002, 1005) or b"") == b"234"
+    assert bytes(cache.slice("big", 1008) or b"") == b"89"
+    assert cache.slice("big", 999, 1002) is None, "a range not wholly held is a miss"
+    cache.put_range("big", 2000, b"x" * 50)
+    assert cache.total_bytes == 60
+    cache.put_range("big", 2000, b"y" * 20)  # the same range again replaces it
+    assert cache.total_bytes == 30 and bytes(cache.slice("big", 2000, 2001) or b"") == b"y"
+    # Least recently used first out, ranges and whole objects alike.
+    assert cache.slice("big", 1000, 1001) is not None  # the range at 2000 is now oldest
+    cache.put("small", b"s" * 75)
+    assert not cache.covers("big", 2000, 2001) and cache.covers("big", 1000, 1010)
+    assert cache.total_bytes == 85
+    # The whole object supersedes its ranges; discarding forgets everything of it.
+    cache.put("small", b"s" * 10)
+    cache.put("big", b"B" * 80)
+    assert cache.total_bytes == 90 and cache.covers("big", 0, 80)
+    cache.put_range("big", 0, b"r" * 5)  # held whole: nothing added
+    assert cache.total_bytes == 90
+    cache.discard("big")
+    assert not cache.covers("big", 0, 1) and cache.total_bytes == 10
+    cache.put_range("other", 0, b"o" * 10)
+    cache.put_range("other", 50, b"p" * 10)
+    cache.discard("other")
+    assert cache.total_bytes == 10 and len(cache) == 1
+
+
+async def test_a_cached_range_costs_no_get(local_store: LocalObjectStore) -> None:
+    data = os.urandom(10_000)
+    await local_store.put("level2/1", data)
+    cache = ObjectCache(max_bytes=MiB)
+    cache.put_range("level2/1", 4000, data[4000:8000])
+    reader = RangeReader(local_store, cache)
+    got = await reader.read_many([("level2/1", 5000, 6000), ("level2/1", 7000, 9000)])
+    assert bytes(got[0]) == data[5000:6000] and bytes(got[1]) == data[7000:9000]
+    assert reader.stats["cache_reads"] == 1 and reader.gets == 1, "only the range past it"
+
+
 async def test_cached_object_costs_no_get(local_store: LocalObjectStore) -> None:
     data = os.urandom(10_000)
     await local_store.put("ingest/1", data)
