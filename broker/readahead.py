@@ -91,9 +91,7 @@ class ReadAhead:
         self._sub = sub
         self._store = store
         self._cache = cache
-        self._send, self._receive = anyio.create_memory_object_stream[
-            tuple[_Partition, int]
-        ](QUEUE)
+        self._send, self._receive = anyio.create_memory_object_stream[tuple[_Partition, int]](QUEUE)
         self._reading: set[_Piece] = set()
         self._fronts: OrderedDict[_Partition, _Front] = OrderedDict()
         self._active = 1
