@@ -12,12 +12,15 @@ it reaches the head of the partition.
 The stretch is the cache's share per partition being read ahead: a third of the cache
 divided among the partitions read ahead in the last `ACTIVE_SECONDS` (two stretches of
 each may be held at a time: the one being read and the next), between `STRETCH_MIN` and
-`STRETCH_MAX`. One partition catching up alone reads 64 MiB per GET; a consumer of 64
-partitions at once reads 1.3 MiB of each per GET with the default 256 MiB cache. An object
-no larger than the stretch is read whole, so an object holding many partitions (an ingest
-file, a level-1 object) serves a consumer of all of them with one GET; of a larger one
-(a level-2 object holds one partition) the partition's bytes of the stretch are read as
-one range.
+`STRETCH_MAX`. One partition catching up alone reads up to 64 MiB per GET; a consumer of
+64 partitions at once reads 1.3 MiB of each per GET with the default 256 MiB cache.
+
+What one GET reads of an object: the whole object when it is no larger than the stretch.
+Of a larger level-2 object (it holds one partition), the partition's bytes of the
+stretch, as one range. Of a larger object holding many partitions (an ingest file, a
+level-1 object), the whole object while it fits in the third of the cache read-ahead may
+use: a consumer catching up on all of its partitions reads it once, not once per
+partition.
 
 Best effort and bounded: requests wait in a queue of `QUEUE` (a request that does not
 fit is dropped and counted), `WORKERS` tasks serve them, a partition has at most one
@@ -39,8 +42,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from metadata import keys
 from metadata.chunk_cache import ChunkCache, read_chunks_cached
+from metadata.compaction import L2
 from metadata.kv import KV, ReadTransaction
-from metadata.lifecycle import get_object
+from metadata.lifecycle import ObjectRecord, get_object
 from metadata.log import ChunkEntry
 from storage.cache import ObjectCache
 from storage.objectstore import ObjectStore
@@ -182,7 +186,7 @@ class ReadAhead:
         topic_id, partition = key
         stretch = self.stretch_bytes()
 
-        def plan(tr: ReadTransaction) -> tuple[list[ChunkEntry], dict[str, int]]:
+        def plan(tr: ReadTransaction) -> tuple[list[ChunkEntry], dict[str, ObjectRecord]]:
             entries = read_chunks_cached(
                 tr,
                 self._chunks,
@@ -193,19 +197,20 @@ class ReadAhead:
                 ENTRIES_PER_READ,
                 stretch,
             )
-            sizes = {}
+            records = {}
             for object_key in dict.fromkeys(e.object_key for e in entries):
                 record = get_object(tr, self._sub, object_key)
-                sizes[object_key] = -1 if record is None else record.size
-            return entries, sizes
+                if record is not None:
+                    records[object_key] = record
+            return entries, records
 
-        entries, sizes = await self._kv.read(plan, quick=True)
+        entries, records = await self._kv.read(plan, quick=True)
         if not entries:
             return
         if front is not None:
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
-        for piece in _pieces(entries, sizes, stretch):
+        for piece in _pieces(entries, records, stretch, self._cache.max_bytes // 3):
             if piece in self._reading or (
                 self._cache.covers(piece.object_key, piece.start, piece.end)
                 if piece.start is not None and piece.end is not None
@@ -239,9 +244,10 @@ def _middle(entries: Sequence[ChunkEntry]) -> int:
     return entries[-1].base_offset
 
 
-def _pieces(entries: Sequence[ChunkEntry], sizes: dict[str, int], stretch: int) -> list[_Piece]:
-    """The GETs of a stretch, in offset order: an object of unknown size or no larger than
-    the stretch whole, of a larger one the span of the entries in it."""
+def _pieces(
+    entries: Sequence[ChunkEntry], records: dict[str, ObjectRecord], stretch: int, budget: int
+) -> list[_Piece]:
+    """The GETs of a stretch, in offset order (see the module's rules)."""
     spans: dict[str, list[int]] = {}
     for e in entries:
         span = spans.setdefault(e.object_key, [e.start, e.start + e.length])
@@ -249,9 +255,11 @@ def _pieces(entries: Sequence[ChunkEntry], sizes: dict[str, int], stretch: int) 
         span[1] = max(span[1], e.start + e.length)
     pieces = []
     for object_key, (start, end) in spans.items():
-        size = sizes.get(object_key, -1)
-        if 0 <= size and stretch < size:
-            pieces.append(_Piece(object_key, start, end))
-        else:
-            pieces.append(_Piece(object_key, None, None))
+        record = records.get(object_key)
+        whole = (
+            record is None  # not known: read whole, as before objects had records
+            or record.size <= stretch
+            or (record.level != L2 and record.size <= budget)
+        )
+        pieces.append(_Piece(object_key, None, None) if whole else _Piece(object_key, start, end))
     return pieces
