@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from tests.e2e.clients_support import create_topic, set_topic_configs
+from tests.e2e.clients_support import create_topic, read_confluent, set_topic_configs
 from tests.support.brokerproc import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -53,34 +53,6 @@ def stats(broker: BrokerProcess) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def read_confluent(
-    broker: BrokerProcess, topic: str, start: int = 0
-) -> list[tuple[int, bytes, bytes]]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap,
-            "group.id": f"g-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(topic, 0, start)])
-    _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    out = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        message = consumer.poll(0.2)
-        if message is not None and not message.error():
-            out.append((message.offset(), message.key(), message.value()))
-        # Done once the position passed the end (the last offsets may be markers).
-        (position,) = consumer.position([TopicPartition(topic, 0)])
-        if position.offset >= high:
-            break
-    consumer.close()
-    return out
 
 
 def read_kafka_python(broker: BrokerProcess, topic: str) -> list[tuple[int, bytes, bytes]]:
