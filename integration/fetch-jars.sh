@@ -2,10 +2,11 @@
 # Fetches the JVM jars of integration/pom.xml from Maven Central into
 # integration/.cache/jars/<profile>/ (git-ignored):
 #
-#   spark  Spark's Kafka connector for the installed pyspark, minus what pyspark ships
-#   kafka  Apache Kafka's command-line tools and broker (integration/bin/kafka-*)
+#   spark    Spark's Kafka connector for the installed pyspark, minus what pyspark ships
+#   kafka    Apache Kafka's command-line tools and broker (integration/bin/kafka-*)
+#   streams  Kafka Streams, for the Java programs of integration/java/
 #
-# Usage: integration/fetch-jars.sh [spark] [kafka]     (no argument: both)
+# Usage: integration/fetch-jars.sh [spark] [kafka] [streams]     (no argument: all three)
 # Environment: MVN (default mvn), PYTHON (default .venv/bin/python, to find pyspark).
 # Each profile is copied into a fresh folder and moved into place when complete, so an
 # interrupted fetch never leaves a half-filled cache behind.
@@ -16,7 +17,7 @@ root=$(dirname "$here")
 cache="$here/.cache/jars"
 MVN=${MVN:-mvn}
 PYTHON=${PYTHON:-$root/.venv/bin/python}
-profiles=${*:-spark kafka}
+profiles=${*:-spark kafka streams}
 
 command -v "$MVN" >/dev/null 2>&1 || {
     echo "fetch-jars: '$MVN' not found; install Maven (Debian/Ubuntu: apt-get install maven)" >&2
@@ -39,8 +40,8 @@ fi
 
 mkdir -p "$cache"
 for profile in $profiles; do
-    case $profile in spark | kafka) ;; *)
-        echo "fetch-jars: unknown profile '$profile' (spark, kafka)" >&2
+    case $profile in spark | kafka | streams) ;; *)
+        echo "fetch-jars: unknown profile '$profile' (spark, kafka, streams)" >&2
         exit 2
         ;;
     esac

@@ -1,8 +1,8 @@
 """Fixtures of the integration tests: one broker and one SparkSession for the whole run.
 
-These tests run real JVMs: Spark with its Kafka connector and Apache Kafka's own tools,
-with the jars of integration/fetch-jars.sh (fetched here when the cache is empty). They
-need `java` on PATH and are skipped, saying so, without it.
+These tests run real JVMs: Spark with its Kafka connector, Apache Kafka's own tools and
+Kafka Streams, with the jars of integration/fetch-jars.sh (fetched here when the cache is
+empty). They need `java` on PATH and are skipped, saying so, without it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 def jars() -> None:
     """The jar cache of integration/fetch-jars.sh, filled if empty."""
     cache = INTEGRATION / ".cache" / "jars"
-    missing = [p for p in ("spark", "kafka") if not any((cache / p).glob("*.jar"))]
+    missing = [p for p in ("spark", "kafka", "streams") if not any((cache / p).glob("*.jar"))]
     if missing:
         subprocess.run([str(INTEGRATION / "fetch-jars.sh"), *missing], check=True)
 
