@@ -91,7 +91,15 @@ def compact(start: Callable[[list[str]], BrokerProcess]) -> dict[str, float]:
     assert broker.proc is not None
     began = cpu_seconds(broker.proc.pid)
     wait_for("level-1 jobs done", lambda: queued(broker) <= 1, timeout=600)
-    time.sleep(3)  # level-2 jobs
+    # Level-2 jobs: done once their count has not moved for 5 s.
+    counts: list[int] = []
+
+    def settled() -> bool:
+        counts.append(broker.stats().get("compaction", {}).get("l2_jobs", 0))
+        time.sleep(1.0)
+        return len(counts) > 5 and counts[-1] == counts[-6]
+
+    wait_for("level-2 jobs done", settled, timeout=600)
     stats: dict[str, float] = broker.stats()["compaction"]
     # The whole agent's CPU while it compacted (metadata transactions included); it
     # did nothing else but its idle loops.
