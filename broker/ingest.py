@@ -13,6 +13,12 @@ file still gets its own `commit_ingest`). A flush uploaded while a transaction r
 waits for the next one. A flush whose upload failed, or that failed before it, is
 skipped in its turn. If a transaction fails, every flush in it is answered
 KAFKA_STORAGE_ERROR (nothing of it is acked).
+
+The one exception is a test-only fault point (`broker.faults`): armed with
+`BUCKETLOG_FAULT_POINTS=ingest.ack_without_commit@n`, the n-th batch of a producer
+without idempotence is answered with success and an offset (the partition's high
+watermark, which the next record takes) and never committed: a lost acknowledged batch,
+for the chaos tests to catch.
 """
 
 from __future__ import annotations
@@ -20,23 +26,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
 from kio.schema.errors import ErrorCode
 
+from broker import faults
 from broker.sync import Notifier, Promise
 from metadata import keys
 from metadata.kv import KV
-from metadata.log import AppendResult, PendingBatch, commit_ingest
+from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partition
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache
 from storage.ingest import encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
+
+ACK_WITHOUT_COMMIT = "ingest.ack_without_commit"  # a fault point: test-only
 
 
 @dataclass(slots=True)
@@ -56,9 +65,13 @@ class _Flush:
     key: str
     data: bytes
     pending: list[PendingBatch]
-    order: list[int]  # the buffer index of each pending batch
+    # The buffer index of each pending batch, then of each dropped one.
+    order: list[int]
     committed: Promise[list[AppendResult]]  # resolved by the committer
     uploaded_at: float = 0.0  # anyio.current_time() when its upload returned
+    # (topic id, partition) of each batch to be acknowledged but not committed (only
+    # ever with the test-only fault point ACK_WITHOUT_COMMIT)
+    dropped: list[tuple[bytes, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -226,7 +239,7 @@ class IngestPipeline:
             )
             self.stats.failed_flushes += 1
             self._cache.discard(f.key)
-            f.committed.set([AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending))
+            f.committed.set([AppendResult(ErrorCode.kafka_storage_error)] * len(f.order))
         return [f for f in group if f not in late]
 
     async def _commit(self, group: list[_Flush]) -> None:
@@ -235,7 +248,9 @@ class IngestPipeline:
 
         def txn(tr: Any) -> list[list[AppendResult]]:
             return [
-                commit_ingest(tr, self._sub, f.key, len(f.data), now_ms, f.pending) for f in group
+                commit_ingest(tr, self._sub, f.key, len(f.data), now_ms, f.pending)
+                + [_acked_not_committed(tr, self._sub, *dropped) for dropped in f.dropped]
+                for f in group
             ]
 
         try:
@@ -245,7 +260,7 @@ class IngestPipeline:
             logger.warning("commit of %d flushes failed: %s", len(group), exc)
             self.stats.failed_flushes += len(group)
             committed = [
-                [AppendResult(ErrorCode.kafka_storage_error)] * len(f.pending) for f in group
+                [AppendResult(ErrorCode.kafka_storage_error)] * len(f.order) for f in group
             ]
             for f in group:
                 self._cache.discard(f.key)  # never committed
@@ -265,10 +280,20 @@ class IngestPipeline:
         data, locations = encode_ingest_file(chunks)
         order: list[int] = []
         pending: list[PendingBatch] = []
+        dropped: list[int] = []
         for idx, location in zip(groups.values(), locations, strict=True):
             for i, start in zip(idx, location.batch_starts, strict=True):
                 item = items[i]
                 view = item.view
+                if view.producer_id < 0 and faults.misbehave(ACK_WITHOUT_COMMIT):
+                    logger.warning(
+                        "fault point %s (test-only): a batch of partition %d acknowledged, "
+                        "never committed",
+                        ACK_WITHOUT_COMMIT,
+                        item.partition,
+                    )
+                    dropped.append(i)
+                    continue
                 order.append(i)
                 pending.append(
                     PendingBatch(
@@ -284,4 +309,23 @@ class IngestPipeline:
                         transactional=view.is_transactional,
                     )
                 )
-        return _Flush(seq, new_object_key(), data, pending, order, Promise())
+        return _Flush(
+            seq,
+            new_object_key(),
+            data,
+            pending,
+            order + dropped,
+            Promise(),
+            dropped=[(items[i].topic_id, items[i].partition) for i in dropped],
+        )
+
+
+def _acked_not_committed(
+    tr: Any, sub: keys.Subspace, topic_id: bytes, partition: int
+) -> AppendResult:
+    """The answer of a batch dropped by the fault point: success, at the offset the next
+    record of the partition takes."""
+    state = get_partition(tr, sub, topic_id, partition)
+    if state is None:
+        return AppendResult(ErrorCode.unknown_topic_or_partition)
+    return AppendResult(ErrorCode.none, state.high_watermark, state.log_start_offset)

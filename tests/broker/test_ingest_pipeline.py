@@ -19,7 +19,8 @@ import anyio
 import pytest
 from kio.schema.errors import ErrorCode
 
-from broker.ingest import IngestPipeline
+from broker import faults
+from broker.ingest import ACK_WITHOUT_COMMIT, IngestPipeline
 from broker.sync import Notifier
 from metadata import keys, log, topics
 from metadata.log import AppendResult
@@ -264,3 +265,37 @@ async def test_a_flush_uploaded_longer_ago_than_the_commit_delay_is_not_committe
         (ErrorCode.none, 1),
     ]
     assert setup.values(0) == [b"slow-0", b"after-0"]
+
+
+async def test_the_ack_without_commit_fault_point_answers_a_batch_it_never_commits(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Armed as BUCKETLOG_FAULT_POINTS=ingest.ack_without_commit@2 would arm it at start.
+    monkeypatch.setattr(faults, "_armed", faults.parse(f"{ACK_WITHOUT_COMMIT}@2"))
+    monkeypatch.setattr(faults, "_reached", {})
+    pipeline = setup.pipeline(flush_interval_ms=50)
+    wanted = [(0, b"a0"), (0, b"a1"), (0, b"a2"), (1, b"b0")]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        results = await append_all(pipeline, setup.topic.topic_id, wanted)
+        tg.cancel_scope.cancel()
+    # All four acknowledged; the second claims offset 2, the partition's next offset.
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 2),
+        (ErrorCode.none, 1),
+        (ErrorCode.none, 0),
+    ]
+    assert setup.values(0) == [b"a0-0", b"a2-0"]
+    assert setup.values(1) == [b"b0-0"]
+
+
+def test_fault_points_parse_names_and_the_time_they_fire() -> None:
+    assert faults.parse("") == {}
+    assert faults.parse("gc.before_delete, ingest.ack_without_commit@3") == {
+        "gc.before_delete": 1,
+        "ingest.ack_without_commit": 3,
+    }
+    for bad in ("x@", "x@0", "x@two"):
+        with pytest.raises(ValueError, match="name@n"):
+            faults.parse(bad)
