@@ -1,0 +1,83 @@
+"""A short kill loop (integration/chaos/killloop.py): three agents killed with SIGKILL one
+after another while idempotent and plain producers write with acks=all; everything
+acknowledged is read back where its acknowledgement said, once, in order, with dense
+offsets. And the harness is checked too: with a test-only fault point that acknowledges
+a batch without committing it, the same run reports the loss and fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from broker.ingest import ACK_WITHOUT_COMMIT
+from integration.chaos import killloop
+
+pytestmark = pytest.mark.slow
+
+SHORT = [
+    "--agents", "3",
+    "--partitions", "8",
+    "--producers", "4",
+    "--rate", "50",
+    "--interval-s", "0.5",
+    "--seconds", "40",
+    "--settle-s", "1",
+    "--flush-timeout-s", "30",
+    "--read-timeout-s", "30",
+]  # fmt: skip
+
+
+def run_kill_loop(tmp_path, kills: int, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    report = tmp_path / "report.json"
+    status = killloop.main(
+        [
+            *SHORT,
+            "--kills",
+            str(kills),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--report",
+            str(report),
+        ],
+        env=env,
+    )
+    return status, json.loads(report.read_text())
+
+
+def test_nothing_acknowledged_is_lost_duplicated_or_reordered_across_kills(tmp_path):
+    status, report = run_kill_loop(tmp_path, kills=12)
+    assert report["problems"] == []
+    assert report["kills"]["count"] == 12
+    assert all(kill[3] is not None for kill in report["kills"]["list"]), "an agent stayed down"
+    producers = report["producers"]
+    assert {p["idempotent"] for p in producers} == {True, False}
+    assert all(p["acknowledged"] > 0 for p in producers)
+    check = report["check"]
+    assert check["anomalies"] == {
+        "missing": 0,
+        "idempotent_duplicates": 0,
+        "offsets_not_dense": 0,
+        "out_of_order": 0,
+        "unrecognised": 0,
+    }
+    assert report["agent_logs"]["error_lines"] == 0
+    assert report["agent_logs"]["tracebacks"] == 0
+    assert check["acknowledged"] == sum(p["acknowledged"] for p in producers)
+    assert check["read"] >= check["acknowledged"]
+    assert status == 0 and report["ok"]
+
+
+def test_the_kill_loop_reports_an_acknowledged_batch_the_broker_dropped(tmp_path):
+    # Every agent process drops the 10th batch it receives from a plain producer.
+    status, report = run_kill_loop(
+        tmp_path, kills=3, env={"BUCKETLOG_FAULT_POINTS": f"{ACK_WITHOUT_COMMIT}@10"}
+    )
+    assert status == 1 and not report["ok"]
+    assert report["problems"] == []
+    anomalies = report["check"]["anomalies"]
+    assert anomalies["missing"] >= 1
+    assert {kind: n for kind, n in anomalies.items() if n} == {"missing": anomalies["missing"]}
+    for missing in report["check"]["examples"]["missing"]:
+        assert missing["ack"]["producer"].startswith("plain")
+        assert missing["found_at"] == []  # not anywhere in the log
