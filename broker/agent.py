@@ -81,6 +81,7 @@ class Agent:
         self.cluster_id = ""
         self.live: list[AgentInfo] = []
         self._live_read_at = 0.0
+        self._lease_expires_ms = 0  # as last renewed, by this agent's clock
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
@@ -150,16 +151,26 @@ class Agent:
 
     async def renew_lease(self) -> None:
         cfg = self.config
-        now = now_ms()
-        expires = now + cfg.lease_ms
 
         def txn(tr):  # type: ignore[no-untyped-def]
+            # Each attempt reads the clock: a renewal retried while the store was busy
+            # counts its lease from the attempt that commits, not from the first one.
+            now = now_ms()
             node_id = cluster.register_agent(
-                tr, self.sub, cfg.advertised, cfg.port, cfg.rack, expires
+                tr, self.sub, cfg.advertised, cfg.port, cfg.rack, now + cfg.lease_ms
             )
-            return node_id, cluster.live_agents(tr, self.sub, now)
+            return node_id, cluster.live_agents(tr, self.sub, now), now
 
-        self.node_id, live = await self.kv.transact(txn)
+        self.node_id, live, renewed_ms = await self.kv.transact(txn)
+        if 0 < self._lease_expires_ms < renewed_ms:
+            logger.warning(
+                "lease renewed %d ms after it ran out: the other agents saw this one gone"
+                " (renewals every %d ms, lease %d ms)",
+                renewed_ms - self._lease_expires_ms,
+                cfg.lease_renew_ms,
+                cfg.lease_ms,
+            )
+        self._lease_expires_ms = renewed_ms + cfg.lease_ms
         self.live = sorted(live, key=lambda a: a.node_id)
         self._live_read_at = time.monotonic()
 
@@ -169,8 +180,14 @@ class Agent:
             await self.kv.transact(lambda tr: cluster.deregister_agent(tr, self.sub, node_id))
 
     async def lease_loop(self) -> None:
+        """Renew the lease every lease_renew_ms, counted from when the last renewal began:
+        a slow renewal does not put the next one off."""
+        interval = self.config.lease_renew_ms / 1000
+        due = time.monotonic()
         while True:
-            await anyio.sleep(self.config.lease_ms / 3000)
+            now = time.monotonic()
+            due = max(due + interval, now)  # at once after a renewal longer than the interval
+            await anyio.sleep(due - now)
             try:
                 await self.renew_lease()
             except Exception:

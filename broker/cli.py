@@ -17,6 +17,7 @@ from dataclasses import replace
 import anyio
 
 from broker.config import BrokerConfig
+from broker.registry import AgentRegistry
 from broker.supervisor import DEFAULT_STOP_GRACE_S, OnAgentExit, supervise
 
 ENV_PREFIX = "BUCKETLOG_"
@@ -109,7 +110,20 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         " agents stop reading until memory frees (queued.max.request.bytes)",
     ),
     ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
-    ("lease-ms", int, 10_000, "agent lease: how soon the others see this agent gone"),
+    (
+        "lease-ms",
+        _positive,
+        2_500,
+        "agent lease: how soon the others see this agent gone if it dies unseen (its"
+        " supervisor deregisters an agent it sees die at once)",
+    ),
+    (
+        "lease-renew-ms",
+        _positive,
+        500,
+        "how often an agent renews its lease; shorter than --lease-ms, which then outlasts"
+        " several failed or slow renewals",
+    ),
     (
         "log-retention-check-interval-ms",
         _positive,
@@ -278,6 +292,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         queued_max_request_bytes=args.queued_max_request_bytes,
         cache_bytes=args.cache_bytes,
         lease_ms=args.lease_ms,
+        lease_renew_ms=args.lease_renew_ms,
         log_retention_check_interval_ms=args.log_retention_check_interval_ms,
         object_delete_delay_ms=args.object_delete_delay_ms,
         orphan_sweep_interval_ms=args.orphan_sweep_interval_ms,
@@ -303,28 +318,42 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     )
 
 
-def _run_many(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _run_many(args: argparse.Namespace, argv: Sequence[str], config: BrokerConfig) -> int:
     """One agent process per port PORT..PORT+N-1, each started as `bucketlog serve` with
-    the same arguments and its own port; broker.supervisor keeps them running."""
+    the same arguments and its own port; broker.supervisor keeps them running, and
+    broker.registry deregisters one that dies."""
     commands = {
         port: [sys.executable, "-m", "broker.cli", *argv, "--agents", "1", "--port", str(port)]
         for port in range(args.port, args.port + args.agents)
     }
-    return supervise(commands, on_exit=args.on_agent_exit, grace_s=args.agent_stop_grace_ms / 1000)
+    registry = AgentRegistry(config.resolved_metadata_url, config.cluster_name, config.advertised)
+    try:
+        return supervise(
+            commands,
+            on_exit=args.on_agent_exit,
+            grace_s=args.agent_stop_grace_ms / 1000,
+            on_death=registry.forget,
+        )
+    finally:
+        registry.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2, as for any bad option
     os.makedirs(config.data_dir, exist_ok=True)
     config = replace(config, data_dir=os.path.abspath(config.data_dir))
     if args.agents > 1:
-        return _run_many(args, argv)
+        return _run_many(args, argv, config)
     from broker.memory import tune_allocator
     from broker.server import run_agent
 

@@ -11,6 +11,10 @@ Rules:
   ports, and one agent is not a service an operator could start again by itself: SIGTERM
   to one agent's pid is how to restart just that agent (like deleting a pod under
   restartPolicy: Always); stopping agents for good is stopping the supervisor.
+- An agent that exits while the supervisor is not stopping is reported to `on_death`
+  (its port) before its restart is scheduled: `broker.registry` deregisters it there, so
+  the other agents stop naming it at once instead of when its lease runs out. A failure
+  there is logged; the lease still runs out.
 - Back-off: 0.5 s before the first restart, doubling with each exit up to 30 s, back to
   0.5 s once the agent had stayed up 60 s. An agent that dies at once is started 7 times
   in its first minute, then twice a minute: it cannot keep a core busy.
@@ -174,19 +178,27 @@ def supervise(
     on_exit: OnAgentExit = OnAgentExit.RESTART,
     grace_s: float = DEFAULT_STOP_GRACE_S,
     backoff: Backoff = BACKOFF,
+    on_death: Callable[[int], None] | None = None,
 ) -> int:
     """Run one agent process per port (`commands`: port -> argv) until told to stop or,
-    with OnAgentExit.STOP, until one exits; return the exit status."""
+    with OnAgentExit.STOP, until one exits; return the exit status. `on_death(port)` is
+    called when an agent exits unbidden, before its restart is scheduled."""
     agents = [_Agent(port, argv) for port, argv in commands.items()]
     with _Wakeups() as wakeups:
         try:
-            told_to_stop = _serve(agents, on_exit, backoff, wakeups)
+            told_to_stop = _serve(agents, on_exit, backoff, wakeups, on_death)
         finally:
             returncodes = _stop(agents, grace_s, wakeups)
     return exit_status(told_to_stop, returncodes)
 
 
-def _serve(agents: list[_Agent], on_exit: OnAgentExit, backoff: Backoff, wakeups: _Wakeups) -> bool:
+def _serve(
+    agents: list[_Agent],
+    on_exit: OnAgentExit,
+    backoff: Backoff,
+    wakeups: _Wakeups,
+    on_death: Callable[[int], None] | None,
+) -> bool:
     """Keep the agents running; True once told to stop, False when an agent's exit stops all."""
     for agent in agents:
         agent.start()
@@ -213,10 +225,21 @@ def _serve(agents: list[_Agent], on_exit: OnAgentExit, backoff: Backoff, wakeups
             )
             if delay_s is None:
                 logger.error("%s; stopping every agent (--on-agent-exit %s)", what, on_exit)
+            else:
+                logger.warning("%s; restarting it in %.1f s", what, delay_s)
+            if on_death is not None:
+                _report_death(on_death, agent.port)
+            if delay_s is None:
                 return False
-            logger.warning("%s; restarting it in %.1f s", what, delay_s)
             agent.delay_s = delay_s
             agent.restart_at = now + delay_s
+
+
+def _report_death(on_death: Callable[[int], None], port: int) -> None:
+    try:
+        on_death(port)
+    except Exception as exc:  # the store may be down: the agent's lease runs out anyway
+        logger.warning("could not report the exit of the agent on port %d: %s", port, exc)
 
 
 def _stop(agents: list[_Agent], grace_s: float, wakeups: _Wakeups) -> list[int]:

@@ -71,6 +71,17 @@ def deregister_agent(tr: Transaction, sub: keys.Subspace, node_id: int) -> None:
     tr.clear(sub.key(keys.AGENT, node_id))
 
 
+def deregister_address(tr: Transaction, sub: keys.Subspace, host: str, port: int) -> int | None:
+    """Deregister the agent at host:port, as its supervisor does when it sees it die;
+    return its node id (None if no agent ever registered there). It keeps its node id."""
+    raw = tr.get(sub.key(keys.NODE, f"{host}:{port}"))
+    if raw is None:
+        return None
+    node_id = int(keys.unpack_value(raw)[0])
+    tr.clear(sub.key(keys.AGENT, node_id))
+    return node_id
+
+
 def live_agents(tr: ReadTransaction, sub: keys.Subspace, now_ms: int) -> list[Agent]:
     begin, end = sub.range(keys.AGENT)
     agents = []

@@ -185,6 +185,6 @@ def test_an_agent_deregisters_when_sigterm_comes_again_while_it_stops(start_brok
         time.sleep(0.002)
     # Killed by a later SIGTERM once its clean-up is over, or exited by itself.
     assert leaving.proc.wait(5) in (0, -signal.SIGTERM)
-    # Deregistered: gone at once, not when its lease runs out (10 s).
+    # Deregistered: gone at once, not when its lease runs out (2.5 s).
     ports = {b.port for b in admin.list_topics(timeout=10).brokers.values()}
     assert ports == {watcher.port}
