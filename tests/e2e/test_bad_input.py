@@ -43,6 +43,7 @@ from tests.e2e.wire import (
     request,
 )
 from tests.support.brokerproc import BrokerProcess, free_ports
+from tests.support.regression_frames import FORBIDDEN_NULLS, OVER_LONG_ARRAYS
 
 pytestmark = pytest.mark.slow
 
@@ -380,55 +381,23 @@ def test_unsupported_metadata_version_closes_the_connection(main, version):
     assert_healthy(main)
 
 
+# Regression frames sent to a real broker: over-long arrays made kio reserve tens of
+# gigabytes and the process abort; nulls reached the handlers, which failed on them. A
+# few of them: each refusal is a log line, and an agent logs at most a burst of those in
+# ten seconds (broker.eventlog).
+SENT = (
+    "metadata-v9-2**32-2-topics",
+    "produce-v9-2**35-2-partitions",
+    "offset-for-leader-epoch-v4-null-topics",
+    "incremental-alter-configs-v0-null-resources",
+    "incremental-alter-configs-v0-null-configs",
+    "produce-v9-null-partition-data",
+)
 # (case, frame, what the broker logs when it refuses the request)
 MALFORMED_BODIES = [
-    # A compact array length of 2**32-1 (2**32-2 topics) in 20 bytes: kio reserved 34 GB
-    # for it before reading a topic, and the process aborted.
-    (
-        "metadata-v9-2**32-2-topics",
-        bytes.fromhex("000000100003000900000001ffff00ffffffff0f"),
-        "MetadataRequest.topics has 4294967294 items",
-    ),
-    # The same on the Produce path, 2**35-2 partitions (kio: 256 GB).
-    (
-        "produce-v9-2**35-2-partitions",
-        raw_frame(
-            0,
-            9,
-            7,
-            b"\x00\xff\xff\x00\x00\x03\xe8\x02\x02t\xff\xff\xff\xff\x7f",
-            flexible_header=True,
-        ),
-        "TopicProduceData.partition_data has 34359738366 items",
-    ),
-    # Nulls where Kafka's schema allows none reached the handlers, which failed on them.
-    (
-        "offset-for-leader-epoch-v4-null-topics",
-        bytes.fromhex(
-            "00000024001700046fd0ff220003667a7a00020000000000000000000000000000000003667a0001"
-        ),
-        "non-nullable field OffsetForLeaderEpochRequest.topics was serialized as null",
-    ),
-    (
-        "incremental-alter-configs-v0-null-resources",
-        bytes.fromhex(
-            "0000003f002c00000f6deb570003667a7affffffff010203667a0400000000ffffffffffffffff"
-            "fffffffe0000000001fffffffffffffffffffffffe0000000002ffff"
-        ),
-        "non-nullable field IncrementalAlterConfigsRequest.resources was serialized as null",
-    ),
-    (
-        "incremental-alter-configs-v0-null-configs",
-        raw_frame(44, 0, 7, b"\x00\x00\x00\x01\x02\x00\x01t\xff\xff\xff\xff\x00"),
-        "non-nullable field AlterConfigsResource.configs was serialized as null",
-    ),
-    (
-        "produce-v9-null-partition-data",
-        raw_frame(
-            0, 9, 7, b"\x00\xff\xff\x00\x00\x03\xe8\x02\x02t\x00\x00\x00", flexible_header=True
-        ),
-        "non-nullable field TopicProduceData.partition_data was serialized as null",
-    ),
+    (bad.case, bad.frame, bad.refusal)
+    for bad in OVER_LONG_ARRAYS + FORBIDDEN_NULLS
+    if bad.case in SENT
 ]
 
 

@@ -16,6 +16,7 @@ import datetime
 import importlib
 import json
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -35,13 +36,15 @@ from protocol.codec import (
     encode_response,
 )
 from protocol.errors import MalformedRequest
-from protocol.headers import (
-    RequestHeader,
-    encode_request_header,
-    parse_request_header,
-    request_header_version,
-)
+from protocol.headers import parse_request_header
 from tests.protocol.kio_samples import length_sites, payload_classes, prefix_of, sample
+from tests.support.regression_frames import (
+    BAD_TAGGED_FIELDS,
+    FORBIDDEN_NULLS,
+    OVER_LONG_ARRAYS,
+    fetch_v15_with_tags,
+    uvarint,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_ADDRESS_SPACE = 1 << 30
@@ -52,14 +55,6 @@ RESPONSES = payload_classes("response")
 
 def schema(name: str, version: int, kind: str = "request") -> Any:
     return importlib.import_module(f"kio.schema.{name}.v{version}.{kind}")
-
-
-def request_frame(api_key: int, version: int, body: bytes, client_id: str = "fzz") -> bytes:
-    """A request frame (no size prefix) around a body written by hand."""
-    header_version = request_header_version(api_key, version)
-    assert header_version is not None
-    header = RequestHeader(api_key, version, 1, client_id)
-    return encode_request_header(header, header_version) + body
 
 
 def frame_of(entity: Any) -> bytes:
@@ -104,51 +99,10 @@ def decode_in_child(frames: list[bytes]) -> list[str]:
     return in_child(DECODE_IN_CHILD, *(f.hex() for f in frames)).splitlines()
 
 
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 # -- lengths that made kio reserve tens of gigabytes ----------------------------------------
 
 # (case, frame without its size prefix, what the error names)
-ABORTING = [
-    (
-        # Found from outside: Metadata v9 announcing 2**32-2 topics, kio asked for 34 GB.
-        "metadata-v9-2**32-2-topics",
-        bytes.fromhex("000000100003000900000001ffff00ffffffff0f")[4:],
-        "MetadataRequest.topics has 4294967294 items",
-    ),
-    (
-        # A 5-byte varint holding 2**35-1 (kio reads all 35 bits): 2**35-2 topics.
-        "metadata-v12-2**35-2-topics",
-        request_frame(3, 12, b"\xff\xff\xff\xff\x7f" + b"\x00\x00\x00"),
-        "MetadataRequest.topics has 34359738366 items",
-    ),
-    (
-        "metadata-v1-2**31-1-topics",
-        request_frame(3, 1, struct.pack(">i", 2**31 - 1)),
-        "MetadataRequest.topics has 2147483647 items",
-    ),
-    (
-        # Arrays of int32 inside a struct: OffsetFetch v1 partition indexes.
-        "offset-fetch-v1-2**31-1-partition-indexes",
-        request_frame(
-            9, 1, b"\x00\x01g" + struct.pack(">i", 1) + b"\x00\x01t" + struct.pack(">i", 2**31 - 1)
-        ),
-        "OffsetFetchRequestTopic.partition_indexes has 2147483647 items",
-    ),
-    (
-        # Past protocol.produce's few partitions, kio reads Produce: 2**31-1 partitions.
-        "produce-v9-2**31-1-partitions",
-        request_frame(0, 9, b"\x00\xff\xff\x00\x00\x03\xe8\x02\x02t" + b"\x80\x80\x80\x80\x08"),
-        "TopicProduceData.partition_data has 2147483647 items",
-    ),
-]
+ABORTING = [(bad.case, bad.payload, bad.refusal) for bad in OVER_LONG_ARRAYS]
 
 
 @pytest.mark.parametrize(("case", "frame", "named"), ABORTING, ids=[c[0] for c in ABORTING])
@@ -208,87 +162,14 @@ def test_every_length_of_every_request_over_the_bytes_left_is_malformed():
 # -- nulls where Kafka's schema allows none --------------------------------------------------
 
 
-def produce_v9_body(topics: bytes, count: int) -> bytes:
-    # transactional_id null, acks -1, timeout 1000 ms, then the topic array.
-    return b"\x00" + b"\xff\xff\x00\x00\x03\xe8" + uvarint(count + 1) + topics + b"\x00"
+# (case, frame without its size prefix, the refusal naming the field)
+NULLS = [(bad.case, bad.payload, bad.refusal) for bad in FORBIDDEN_NULLS]
 
 
-NULLS = [
-    (
-        # Found from outside: topics null (compact length 0).
-        "offset-for-leader-epoch-v4",
-        bytes.fromhex(
-            "00000024001700046fd0ff220003667a7a00020000000000000000000000000000000003667a0001"
-        )[4:],
-        "OffsetForLeaderEpochRequest.topics",
-    ),
-    (
-        # Found from outside: the resources array is null (-1), before any configs.
-        "incremental-alter-configs-v0-resources",
-        bytes.fromhex(
-            "0000003f002c00000f6deb570003667a7affffffff010203667a0400000000ffffffffffffffff"
-            "fffffffe0000000001fffffffffffffffffffffffe0000000002ffff"
-        )[4:],
-        "IncrementalAlterConfigsRequest.resources",
-    ),
-    (
-        # One topic resource whose configs array is null.
-        "incremental-alter-configs-v0-configs",
-        request_frame(
-            44, 0, struct.pack(">i", 1) + b"\x02\x00\x01t" + struct.pack(">i", -1) + b"\x00"
-        ),
-        "AlterConfigsResource.configs",
-    ),
-    (
-        "incremental-alter-configs-v1-configs",
-        request_frame(44, 1, b"\x02" + b"\x02\x02t" + b"\x00" + b"\x00" + b"\x00" + b"\x00"),
-        "AlterConfigsResource.configs",
-    ),
-    (
-        # Read by protocol.produce (a few partitions).
-        "produce-v9-partition-data",
-        request_frame(0, 9, produce_v9_body(b"\x02t" + b"\x00" + b"\x00", 1)),
-        "TopicProduceData.partition_data",
-    ),
-    (
-        # Nine topics: read by kio, behind protocol.bounds.
-        "produce-v9-partition-data-of-nine-topics",
-        request_frame(
-            0,
-            9,
-            produce_v9_body(
-                (b"\x02t" + b"\x02" + b"\x00\x00\x00\x00" + b"\x01" + b"\x00" + b"\x00") * 8
-                + b"\x02u\x00\x00",
-                9,
-            ),
-        ),
-        "TopicProduceData.partition_data",
-    ),
-    (
-        "produce-v9-topic-data",
-        request_frame(0, 9, b"\x00\xff\xff\x00\x00\x03\xe8\x00\x00"),
-        "ProduceRequest.topic_data",
-    ),
-    (
-        "produce-v3-partition-data",
-        request_frame(
-            0,
-            3,
-            b"\xff\xff\xff\xff\x00\x00\x03\xe8"
-            + struct.pack(">i", 1)
-            + b"\x00\x01t"
-            + struct.pack(">i", -1),
-        ),
-        "TopicProduceData.partition_data",
-    ),
-]
-
-
-@pytest.mark.parametrize(("case", "frame", "field"), NULLS, ids=[c[0] for c in NULLS])
-def test_null_where_the_schema_allows_none_is_malformed(case, frame, field):
-    with pytest.raises(
-        MalformedRequest, match=f"non-nullable field {field} was serialized as null"
-    ):
+@pytest.mark.parametrize(("case", "frame", "refusal"), NULLS, ids=[c[0] for c in NULLS])
+def test_null_where_the_schema_allows_none_is_malformed(case, frame, refusal):
+    assert refusal.startswith("non-nullable field ")
+    with pytest.raises(MalformedRequest, match=re.escape(refusal)):
         decode_request(frame)
 
 
@@ -326,43 +207,18 @@ def test_every_null_of_every_request_is_refused_unless_the_schema_allows_it():
 # -- tagged fields -------------------------------------------------------------------------
 
 
-def fetch_v15_with_tags(tags: bytes) -> bytes:
-    """A Fetch v15 request whose own tagged fields are `tags` (count included)."""
-    module = schema("fetch", 15)
-    request = module.FetchRequest(
-        max_wait=datetime.timedelta(milliseconds=500),
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
-    frame = frame_of(request)
-    assert frame.endswith(b"\x00")  # no tagged fields: the count alone
-    return frame[:-1] + tags
+# (case, a Fetch v15 frame without its size prefix, the refusal)
+TAGGED = [(bad.case, bad.payload, bad.refusal) for bad in BAD_TAGGED_FIELDS]
 
 
-TAGGED = [
-    # Tag 0 is cluster_id: kio reads the value after the size and ignores the size.
-    ("known-size-past-the-frame", b"\x01" + b"\x00" + b"\xff\xff\xff\xff\x0f" + b"\x04abc"),
-    ("known-size-under-its-value", b"\x01" + b"\x00" + b"\x01" + b"\x04abc"),
-    ("known-size-over-its-value", b"\x01" + b"\x00" + b"\x05" + b"\x04abc" + b"\x00"),
-    ("unknown-size-past-the-frame", b"\x01" + b"\x09" + b"\x80\x80\x80\x80\x01" + b"\x00"),
-    ("count-past-the-frame", b"\xff\xff\xff\xff\x0f"),
-]
-
-
-@pytest.mark.parametrize(("case", "tags"), TAGGED, ids=[c[0] for c in TAGGED])
-def test_tagged_field_sizes_are_checked(case, tags):
-    with pytest.raises(MalformedRequest):
-        decode_request(fetch_v15_with_tags(tags))
+@pytest.mark.parametrize(("case", "frame", "refusal"), TAGGED, ids=[c[0] for c in TAGGED])
+def test_tagged_field_sizes_are_checked(case, frame, refusal):
+    with pytest.raises(MalformedRequest, match=re.escape(refusal)):
+        decode_request(frame)
 
 
 def test_tagged_field_of_the_right_size_is_read():
-    body = decode_request(fetch_v15_with_tags(b"\x01" + b"\x00" + b"\x04" + b"\x04abc")).body
+    body = decode_request(fetch_v15_with_tags(b"\x01" + b"\x00" + b"\x04" + b"\x04abc")[4:]).body
     assert body.cluster_id == "abc"
 
 
