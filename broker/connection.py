@@ -15,12 +15,12 @@ Every frame holds its size of the agent's request memory (`broker.memory.Request
 from the moment its size prefix arrives until its request is answered; while the memory
 is used up, the connection does not read.
 
-A malformed frame or request closes the connection, an unsupported version too (but for
-ApiVersions, which is answered), and a client may go away at any time: each is an
-expected event, logged as one rate-limited line and counted (`broker.eventlog`). Anything
-unexpected in a handler is a bug: logged with its traceback and answered with an
-UNKNOWN_SERVER_ERROR-shaped response where the API allows, otherwise the connection is
-closed; the agent keeps serving everyone else.
+A malformed frame or request closes the connection once the requests before it are
+answered, an unsupported version too (but for ApiVersions, which is answered), and a
+client may go away at any time: each is an expected event, logged as one rate-limited
+line and counted (`broker.eventlog`). Anything unexpected in a handler is a bug: logged
+with its traceback and answered with an UNKNOWN_SERVER_ERROR-shaped response where the
+API allows, otherwise the connection is closed; the agent keeps serving everyone else.
 """
 
 from __future__ import annotations
@@ -257,13 +257,12 @@ class _Connection:
                 try:
                     frame = self.framing.next_frame()
                 except ProtocolError as exc:
-                    self.events.record(
-                        eventlog.MALFORMED_REQUEST,
-                        "closing connection from %s: %s",
-                        self.peer,
-                        exc,
-                    )
-                    tg.cancel_scope.cancel()
+                    # The requests before it are answered first, then the connection
+                    # closes (the writer logs why): Kafka reads a frame's size only once
+                    # the request before it is answered.
+                    refused: Promise[Frame | None] = Promise()
+                    refused.fail(_Close(eventlog.MALFORMED_REQUEST, str(exc)))
+                    await answers.send(_Answer(b"", refused))
                     return
                 if frame is None:
                     # Hold the memory of the frame still arriving before reading on.

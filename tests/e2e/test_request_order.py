@@ -9,12 +9,14 @@ which is fatal for the producer.
 
 from __future__ import annotations
 
+import struct
 import uuid
 
 import pytest
 from kio.schema.errors import ErrorCode
 
-from tests.e2e.rawclient import ensure_topic
+from protocol.records import build_batch
+from tests.e2e.rawclient import ensure_topic, fetch_raw
 from tests.e2e.wire import WireClient, request
 
 pytestmark = pytest.mark.slow
@@ -75,3 +77,42 @@ def test_add_partitions_and_end_txn_sent_back_to_back_keep_their_order(start_bro
             if ended.error_code != ErrorCode.none:
                 errors.append((round_, "EndTxn", ended.error_code))
         assert errors == []
+
+
+@pytest.mark.parametrize(
+    "bad_size", [struct.pack(">i", -1), b"GET / HTTP/1.1\r\n"], ids=["negative", "over-max"]
+)
+def test_requests_before_a_bad_size_are_answered_then_the_connection_closes(
+    start_broker, bad_size
+) -> None:
+    """Kafka reads a frame's size only once the request before it is answered: requests
+    sent before a size it refuses (negative, or "GET " read as 1195725856 bytes) are
+    answered in order, a Produce among them taken, and then the connection closes."""
+    broker = start_broker()
+    ensure_topic(broker.port, "before-bad-size")
+    records = build_batch([(None, b"kept", [], 1_700_000_000_000)])
+    with WireClient(broker.bootstrap) as client:
+        produced, data = client.encode(
+            request(
+                0,
+                9,
+                transactional_id=None,
+                acks=-1,
+                timeout=30_000,
+                topic_data=[
+                    {
+                        "name": "before-bad-size",
+                        "partition_data": [{"index": 0, "records": records}],
+                    }
+                ],
+            )
+        )
+        versions, more = client.encode(
+            request(18, 3, client_software_name="wire", client_software_version="1")
+        )
+        client.send_raw(data + more + bad_size)
+        (part,) = client.receive(produced).responses[0].partition_responses
+        assert (part.error_code, part.base_offset) == (ErrorCode.none, 0)
+        assert client.receive(versions).error_code == ErrorCode.none
+        assert client.wait_closed(), "the broker kept the connection open"
+    assert fetch_raw(broker.port, "before-bad-size", 0, offset=0) == [(0, b"kept")]

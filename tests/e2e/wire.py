@@ -123,9 +123,14 @@ class WireClient:
             self._closed = True
             raise ConnectionClosed(str(error)) from error
 
+    def encode(self, entity: Any) -> tuple[int, bytes]:
+        """A request's correlation id and frame, for send_raw (several frames in one
+        write); its answer is then awaited with `receive` as for `send`."""
+        return self._conn.send_request(entity)
+
     def send(self, entity: Any) -> int:
         """Send a request entity without waiting; returns its correlation id."""
-        correlation_id, data = self._conn.send_request(entity)
+        correlation_id, data = self.encode(entity)
         self.send_raw(data)
         return correlation_id
 
