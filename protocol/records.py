@@ -650,7 +650,9 @@ def iter_records(batch: RecordBatchView) -> Iterator[Record]:
                 if raw_key is None:
                     raise _corrupt("record header has a null key")
                 header_value, position = _read_nullable(data, position)
-                headers.append((raw_key.decode("utf-8"), header_value))
+                # Kafka reads a header key with new String(bytes, UTF_8), which
+                # replaces what is not UTF-8: such a record is no corrupt one there.
+                headers.append((raw_key.decode("utf-8", "replace"), header_value))
             if position != end:
                 raise _corrupt(
                     f"record is {length} bytes long but its fields take {position - start}"
@@ -661,8 +663,6 @@ def iter_records(batch: RecordBatchView) -> Iterator[Record]:
             yield Record(offset_delta, timestamp, key, value, tuple(headers))
     except IndexError:
         raise _corrupt("records end in the middle of a record") from None
-    except UnicodeDecodeError:
-        raise _corrupt("record header key is not UTF-8") from None
 
 
 def _write_varint(out: bytearray, value: int) -> None:

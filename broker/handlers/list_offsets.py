@@ -12,6 +12,7 @@ from broker.handlers import api, response_class
 from broker.offsets import offset_for_timestamp, offset_of_max_timestamp
 from metadata import log as log_layer
 from metadata import txns
+from protocol.errors import RecordBatchError
 
 API_KEY = 2
 LATEST = -1
@@ -63,14 +64,21 @@ async def _answer(
         offset, ts = state.log_start_offset, -1
     elif timestamp == LATEST_TIERED:
         offset, ts = -1, -1  # nothing is tiered: Kafka answers -1 without remote storage
-    elif timestamp == MAX_TIMESTAMP:
-        offset, ts = await offset_of_max_timestamp(
-            agent, topic.topic_id, partition, state.log_start_offset
-        )
     else:
-        offset, ts = await offset_for_timestamp(
-            agent, topic.topic_id, partition, timestamp, state.log_start_offset
-        )
+        try:
+            if timestamp == MAX_TIMESTAMP:
+                offset, ts = await offset_of_max_timestamp(
+                    agent, topic.topic_id, partition, state.log_start_offset
+                )
+            else:
+                offset, ts = await offset_for_timestamp(
+                    agent, topic.topic_id, partition, timestamp, state.log_start_offset
+                )
+        except RecordBatchError as exc:
+            # Batches are stored as produced, records unread: one whose records do not
+            # decode fails its partition, as a CorruptRecordException does in Kafka.
+            answer["error_code"] = exc.error_code
+            return answer
     answer.update(offset=offset, timestamp=ts, leader_epoch=LEADER_EPOCH if offset >= 0 else -1)
     return answer
 

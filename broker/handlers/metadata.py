@@ -52,6 +52,33 @@ def error_topic(
     }
 
 
+def _by_id(wanted: Any) -> bool:
+    """A topic asked for by id, or with a null name (v10+ requests can say both)."""
+    topic_id = getattr(wanted, "topic_id", None)
+    return wanted.name is None or (topic_id is not None and topic_id != ZERO_UUID)
+
+
+def _invalid_request(request: Any, requested: Any) -> Any:
+    """Kafka's answer to a v10 or v11 request naming a topic by id or not at all
+    (KafkaApis.handleTopicMetadataRequest throws InvalidRequestException and
+    MetadataRequest.getErrorResponse answers): every topic INVALID_REQUEST, a null name
+    as "" (these versions' answers allow no null), no brokers."""
+    return build(
+        response_class(request),
+        {
+            "throttle_time": 0,
+            "brokers": [],
+            "cluster_id": None,
+            "controller_id": -1,
+            "topics": [
+                error_topic(wanted.name or "", ErrorCode.invalid_request, wanted.topic_id)
+                for wanted in requested
+            ],
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        },
+    )
+
+
 @api(API_KEY, 0, 12)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
@@ -73,6 +100,8 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     requested = request.topics
     if version == 0 and requested is not None and len(requested) == 0:
         requested = None  # v0: an empty list means all topics
+    if version < 12 and any(_by_id(wanted) for wanted in requested or ()):
+        return _invalid_request(request, requested)
     entries: list[dict[str, Any]] = []
     if requested is None:
         all_topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))

@@ -239,6 +239,19 @@ def test_control_batch() -> None:
     assert control_record_type(b"\x00") is None
 
 
+def test_header_key_not_utf8_is_read_as_kafka_reads_it() -> None:
+    """DefaultRecord.readHeaders reads a key with new String(bytes, UTF_8), which
+    replaces malformed bytes with U+FFFD: such a record is no corrupt one."""
+    data = bytearray(build_batch([(b"k", b"v", [("h\u00e9", b"x")], T0)]))
+    at = data.index("h\u00e9".encode())
+    data[at + 1 : at + 3] = b"\xff\xa9"
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    [view] = validate_batches(bytes(data), from_client=True)
+    [record] = iter_records(view)
+    assert record.headers == (("h\ufffd\ufffd", b"x"),)
+    assert (record.key, record.value) == (b"k", b"v")
+
+
 def test_build_batch_needs_a_record() -> None:
     with pytest.raises(ValueError):
         build_batch([])
