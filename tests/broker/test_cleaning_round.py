@@ -156,3 +156,41 @@ async def test_stretches_hold_at_most_the_entries_a_commit_may_replace(setup):
     assert await cleaner.clean_partition(topic, 0, RULES) == 1
     assert cleaner.stats.stretches == 4  # 7 entries, 2 a stretch
     assert _read_log(kv, store, topic) == [(6, b"k", b"6")]
+
+
+async def test_rounds_follow_each_other_without_the_back_off_while_work_remains(setup):
+    import anyio
+
+    kv, store, topic = setup
+    for rnd in range(4):
+        _produce(kv, store, topic, [[(f"k{i}".encode(), f"v{rnd}".encode()) for i in range(50)]])
+    cleaner = Cleaning(
+        _Agent(kv, store),
+        # Room for about 20 keys: several rounds; a back-off far longer than the test.
+        CleaningSettings(dedupe_buffer_size=20 * 192 + 191, backoff_ms=600_000),
+        clock=lambda: NOW,
+    )
+
+    def clean() -> bool:
+        return len(_read_log(kv, store, topic)) == 50
+
+    with anyio.move_on_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cleaner.run)
+            while not clean():
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    assert clean(), cleaner.stats
+    assert cleaner.stats.rounds > 1 and cleaner.stats.passes > 1
+
+
+async def test_cleaning_cpu_is_counted_in_the_thread_that_cleans(setup):
+    kv, store, topic = setup
+    values = [(f"k{i % 500}".encode(), bytes(200) + b"%d" % i) for i in range(20_000)]
+    for start in range(0, len(values), 2_000):
+        _produce(kv, store, topic, [values[start : start + 2_000]], Compression.GZIP)
+    cleaner = Cleaning(_Agent(kv, store), CleaningSettings(), clock=lambda: NOW)
+    assert await cleaner.clean_partition(topic, 0, RULES) == 1
+    # Decompressing and compressing 4 MB again takes tens of milliseconds of the worker
+    # thread; the event loop's own thread idles meanwhile.
+    assert cleaner.stats.cpu_seconds >= 0.02, cleaner.stats
