@@ -134,13 +134,17 @@ def plan_l1(
     limits together (two at least: one alone gains nothing); None when there are not two.
 
     An object that alone passes max_bytes or max_entries leaves the queue: it stays a
-    level-0 object until retention takes it. An object holding entries of a deleted topic
-    waits until garbage collection has dropped them (a commit would be refused).
+    level-0 object until retention takes it. So does the oldest object when it fits a job
+    with none of the objects after it (each too large to go with it, as when every file
+    holds more than half the limits): otherwise it would stay first in line, planned with
+    nothing, forever. An object holding entries of a deleted topic waits until garbage
+    collection has dropped them (a commit would be refused).
     """
     begin, _end = sub.range(keys.L0_OBJECT)
     end = sub.key(keys.L0_OBJECT, now_ms - min_age_ms + 1)
     chosen: list[tuple[int, str, list[JobEntry]]] = []
     total_bytes = total_entries = 0
+    passed_over = False
     topics: dict[bytes, bool] = {}
     for row_key, value in tr.get_range(begin, end, limit=SCAN):
         if len(chosen) == limits.max_inputs:
@@ -158,10 +162,14 @@ def plan_l1(
         if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:
             if len(chosen) >= 2:
                 break  # full
+            passed_over = True
             continue  # may fit a later job; look for smaller ones to go with
         chosen.append((int(created), str(object_key), found))
         total_bytes += size
         total_entries += len(found)
+    if len(chosen) == 1 and passed_over:
+        created, object_key, _found = chosen[0]
+        tr.clear(sub.key(keys.L0_OBJECT, created, object_key))  # fits with none after it
     if len(chosen) < 2:
         return None
     for created, object_key, _found in chosen:

@@ -435,3 +435,18 @@ def test_a_compacted_topics_level_two_is_left_to_its_cleaner(kv):
     )
     assert plan is None
     assert _l1_rows(kv) == {}  # its rows went: nothing waits for level 2
+
+
+def test_the_oldest_object_leaves_the_queue_when_it_fits_with_none_after_it(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)] * 2})  # 200 bytes
+    _append(kv, topic, "b", {0: [(1, 10)] * 2})  # 200 bytes: a and b make 400
+    # No job within 350 bytes: a, first in line and fitting with nothing after it, leaves
+    # the queue rather than block it.
+    assert _plan_l1(kv, max_bytes=350) is None
+    assert "a" not in _queued_l0(kv) and "b" in _queued_l0(kv)
+    # b alone passed over nothing: it waits for a partner, which comes.
+    assert _plan_l1(kv, max_bytes=350) is None
+    assert "b" in _queued_l0(kv)
+    _append(kv, topic, "c", {0: [(1, 10)]})  # 100 bytes
+    assert _plan_l1(kv, max_bytes=350).input_keys == ["b", "c"]
