@@ -302,3 +302,35 @@ def test_a_cleaning_killed_midway_loses_nothing_and_the_next_round_finishes(
     records = wait_for_records(again, "k9", KEYS)
     assert {k: v for _o, k, v in records} == last
     assert [o for o, _k, _v in records] == list(range((ROUNDS - 1) * KEYS, ROUNDS * KEYS))
+
+
+def test_compact_and_delete_cleans_and_then_retention_takes_the_cleaned_log(start_broker):
+    from confluent_kafka import Consumer, TopicPartition
+
+    broker = start_broker(extra_args=[*FAST, "--log-retention-check-interval-ms", "300"])
+    retention_ms = 8000
+    both = {**EAGER, "cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
+    create_topic(broker.bootstrap, "both", both)
+    create_topic(broker.bootstrap, "only-compact", {**EAGER, "retention.ms": str(retention_ms)})
+    produced_at = time.monotonic()
+    last = produce(broker, "both")
+    produce(broker, "only-compact")
+    # Compaction applies: one record per key, well before retention comes.
+    records = wait_for_records(broker, "both", KEYS)
+    assert time.monotonic() - produced_at < retention_ms / 1000, "too slow to tell apart"
+    assert {key: value for _o, key, value in records} == last
+
+    # Then retention applies to the cleaned log: every record expires, the log start
+    # offset reaches the end. The topic with cleanup.policy=compact alone keeps its own.
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "w"})
+
+    def watermarks(topic: str) -> tuple[int, int]:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+
+    deadline = time.monotonic() + 30
+    while watermarks("both")[0] < ROUNDS * KEYS and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert watermarks("both") == (ROUNDS * KEYS, ROUNDS * KEYS)
+    assert watermarks("only-compact")[0] == 0
+    assert len(read_confluent(broker, "only-compact")) == KEYS
+    consumer.close()
