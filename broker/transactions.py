@@ -16,6 +16,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import faults
 from broker.agent import now_ms
 from broker.context import AgentServices
 from metadata import cluster, groups, producers, txns
@@ -30,6 +31,13 @@ MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000  # transaction.max.timeout.ms
 COORDINATOR_EPOCH = 0
 
 ATTEMPTS = 10
+
+# Test-only fault points (broker/faults.py): the agent dies right after the metadata
+# commit, before the client hears of it; the client asks again, another agent answers.
+END_AFTER_COMMIT = "txn.end_after_commit"
+INIT_AFTER_COMMIT = "txn.init_after_commit"
+ADD_PARTITIONS_BEFORE_COMMIT = "txn.add_partitions_before_commit"  # the request is lost
+ADD_PARTITIONS_AFTER_COMMIT = "txn.add_partitions_after_commit"  # its answer is lost
 
 
 class _Changed(Exception):
@@ -54,6 +62,12 @@ async def end_transaction(
             done = txns.TxnState.COMPLETE_COMMIT if commit else txns.TxnState.COMPLETE_ABORT
             if txn.state == done and not bump_epoch:
                 return  # a retried EndTxn of a transaction already ended this way
+            if txn.state == txns.TxnState.EMPTY and not commit:
+                # Nothing registered since InitProducerId: the client aborts a transaction
+                # whose AddPartitionsToTxn was lost with its agent (librdkafka sends
+                # EndTxn then, not knowing). Kafka's transaction version 2 answers this
+                # without error; version 1's INVALID_TXN_STATE would be fatal for it.
+                return
             raise MetadataError(
                 ErrorCode.invalid_txn_state,
                 f"EndTxn({'commit' if commit else 'abort'}) in state {txn.state.value}",
@@ -62,6 +76,7 @@ async def end_transaction(
             touched = await _write_markers(agent, txn, commit, bump_epoch)
         except _Changed:
             continue
+        faults.point(END_AFTER_COMMIT)
         for key in touched:
             agent.notifier.notify(key)
         return
@@ -128,9 +143,10 @@ async def _write_markers(
         if pending:
             log_layer.commit_ingest(tr, agent.sub, object_key, size, now, pending)
         txns.settle_offsets(tr, agent.sub, txn, commit, now, _to_group_offset(agent))
-        epoch = txn.epoch
+        epoch, last_producer_id, last_epoch = txn.epoch, txn.last_producer_id, txn.last_epoch
         if bump_epoch:
-            epoch = txn.epoch + 1
+            # Fencing: no earlier epoch may pass for a retry of a bump any more (KIP-360).
+            epoch, last_producer_id, last_epoch = txn.epoch + 1, txn.producer_id, -1
             producers.put_producer(
                 tr,
                 agent.sub,
@@ -142,6 +158,8 @@ async def _write_markers(
             replace(
                 txn,
                 epoch=epoch,
+                last_producer_id=last_producer_id,
+                last_epoch=last_epoch,
                 state=txns.TxnState.COMPLETE_COMMIT if commit else txns.TxnState.COMPLETE_ABORT,
                 started_ms=-1,
                 updated_ms=now,
@@ -181,10 +199,8 @@ async def init_transactional_producer(
     for _attempt in range(ATTEMPTS):
         txn = await agent.kv.read(lambda tr: txns.get_txn(tr, agent.sub, transactional_id))
         if txn is not None and expected_producer_id >= 0:
-            # KIP-360: a producer re-initialising itself must still be the current one.
-            if (txn.producer_id, txn.epoch) != (expected_producer_id, expected_epoch):
-                if txn.producer_id != expected_producer_id or expected_epoch < txn.epoch:
-                    raise MetadataError(ErrorCode.producer_fenced)
+            # KIP-360: a producer re-initialising itself must still be the id's producer.
+            txns.check_expected_producer(txn, expected_producer_id, expected_epoch)
         if txn is not None and txn.state == txns.TxnState.ONGOING:
             try:
                 await end_transaction(
@@ -198,10 +214,14 @@ async def init_transactional_producer(
             current = txns.get_txn(tr, agent.sub, transactional_id)
             if current != seen:
                 raise _Changed()
-            if current is None or current.epoch + 1 > txns.MAX_EPOCH:
+            last_producer_id, last_epoch = -1, -1
+            if current is None:
                 producer_id, epoch = cluster.allocate_producer_id(tr, agent.sub), 0
             else:
-                producer_id, epoch = current.producer_id, current.epoch + 1
+                epoch, last_epoch = txns.init_epoch(current, expected_producer_id, expected_epoch)
+                producer_id, last_producer_id = current.producer_id, current.producer_id
+                if epoch == txns.NEW_PRODUCER_ID:
+                    producer_id, epoch = cluster.allocate_producer_id(tr, agent.sub), 0
             producers.put_producer(
                 tr, agent.sub, producers.ProducerIdentity(producer_id, epoch, transactional_id)
             )
@@ -218,15 +238,18 @@ async def init_transactional_producer(
                     now,
                     (),
                     (),
+                    last_producer_id,
+                    last_epoch,
                 ),
             )
             return producer_id, epoch
 
         try:
             result: tuple[int, int] = await agent.kv.transact(init)
-            return result
         except _Changed:
             continue
+        faults.point(INIT_AFTER_COMMIT)
+        return result
     raise MetadataError(ErrorCode.concurrent_transactions)
 
 

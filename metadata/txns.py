@@ -9,6 +9,11 @@ commits become visible (or are dropped) -- all at once.
 States persisted: EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT. The PREPARE states of
 Apache Kafka never need to be stored here, because nothing happens between deciding the
 outcome and writing the markers: both are the same commit.
+
+A transactional id also keeps the producer id and epoch it had before its last
+InitProducerId (Kafka's lastProducerId, lastProducerEpoch), so that a producer that asks
+again for an epoch bump whose answer it lost (KIP-360) gets the bumped epoch instead of
+being fenced (`init_epoch`).
 """
 
 from __future__ import annotations
@@ -47,13 +52,19 @@ class Txn:
     updated_ms: int
     partitions: tuple[tuple[bytes, int], ...]
     groups: tuple[str, ...]
+    # Before the last InitProducerId: the producer id, and the epoch a producer that named
+    # it bumped from (-1 after any other InitProducerId, or a fencing abort).
+    last_producer_id: int = -1
+    last_epoch: int = -1
 
 
 def get_txn(tr: ReadTransaction, sub: keys.Subspace, transactional_id: str) -> Txn | None:
     raw = tr.get(sub.key(keys.TXN, transactional_id))
     if raw is None:
         return None
-    pid, epoch, state, timeout, started, updated, partitions, groups = keys.unpack_value(raw)
+    value = keys.unpack_value(raw)
+    pid, epoch, state, timeout, started, updated, partitions, groups = value[:8]
+    last_pid, last_epoch = value[8:10] if len(value) >= 10 else (-1, -1)  # older values
     return Txn(
         transactional_id,
         int(pid),
@@ -64,6 +75,8 @@ def get_txn(tr: ReadTransaction, sub: keys.Subspace, transactional_id: str) -> T
         int(updated),
         tuple((bytes(t), int(p)) for t, p in partitions),
         tuple(groups),
+        int(last_pid),
+        int(last_epoch),
     )
 
 
@@ -80,6 +93,8 @@ def put_txn(tr: Transaction, sub: keys.Subspace, txn: Txn) -> None:
                 txn.updated_ms,
                 txn.partitions,
                 txn.groups,
+                txn.last_producer_id,
+                txn.last_epoch,
             )
         ),
     )
@@ -112,6 +127,49 @@ def check_producer(txn: Txn | None, producer_id: int, epoch: int) -> None:
         )
     if epoch > txn.epoch:
         raise MetadataError(ErrorCode.invalid_producer_epoch)
+
+
+def epoch_exhausted(epoch: int) -> bool:
+    """No epoch may be handed out past this one: one bump is kept for fencing (Kafka's
+    TransactionMetadata.isEpochExhausted)."""
+    return epoch >= MAX_EPOCH - 1
+
+
+def check_expected_producer(txn: Txn, expected_producer_id: int, expected_epoch: int) -> None:
+    """An InitProducerId naming a producer id is fenced unless it names the id's producer,
+    or the one before it whose epochs ran out (a retry of the switch to a new id)."""
+    if expected_producer_id != txn.producer_id and not (
+        expected_producer_id == txn.last_producer_id and epoch_exhausted(expected_epoch)
+    ):
+        raise MetadataError(ErrorCode.producer_fenced)
+
+
+NEW_PRODUCER_ID = -1
+"""`init_epoch`'s answer when the id's epochs are exhausted: allocate a producer id."""
+
+
+def init_epoch(txn: Txn, expected_producer_id: int, expected_epoch: int) -> tuple[int, int]:
+    """InitProducerId on a transactional id with no open transaction: (epoch to hand out,
+    the new last_epoch), or (NEW_PRODUCER_ID, last_epoch) when a new producer id is due.
+
+    `expected_producer_id` -1: a new instance, fencing every other; else the (id, epoch)
+    the producer has (KIP-360): it bumps its own epoch, or retries a bump that succeeded
+    (its epoch is the last one), or it was fenced. As Kafka's
+    TransactionCoordinator.prepareInitProducerIdTransit and
+    TransactionMetadata.prepareIncrementProducerEpoch.
+    """
+    if expected_producer_id < 0:
+        if epoch_exhausted(txn.epoch):
+            return NEW_PRODUCER_ID, -1
+        return txn.epoch + 1, -1
+    check_expected_producer(txn, expected_producer_id, expected_epoch)
+    if epoch_exhausted(txn.epoch) and expected_epoch == txn.epoch:
+        return NEW_PRODUCER_ID, txn.epoch
+    if expected_epoch == txn.epoch:
+        return txn.epoch + 1, txn.epoch
+    if expected_epoch == txn.last_epoch:
+        return txn.epoch, txn.last_epoch  # a retry of the bump that made this epoch
+    raise MetadataError(ErrorCode.producer_fenced)
 
 
 def add_partitions(

@@ -14,11 +14,16 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import faults
 from broker.agent import now_ms
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
-from broker.transactions import end_transaction
+from broker.transactions import (
+    ADD_PARTITIONS_AFTER_COMMIT,
+    ADD_PARTITIONS_BEFORE_COMMIT,
+    end_transaction,
+)
 from metadata import groups, producers, topics, txns
 from metadata.errors import MetadataError
 
@@ -52,6 +57,7 @@ async def add_partitions_to_txn(request: Any, ctx: HandlerContext) -> Any:
             errors.setdefault(key, ErrorCode.operation_not_attempted)
     else:
         now = now_ms()
+        faults.point(ADD_PARTITIONS_BEFORE_COMMIT)
         try:
             await agent.kv.transact(
                 lambda tr: txns.add_partitions(
@@ -59,6 +65,7 @@ async def add_partitions_to_txn(request: Any, ctx: HandlerContext) -> Any:
                 )
             )
             code = ErrorCode.none
+            faults.point(ADD_PARTITIONS_AFTER_COMMIT)
         except MetadataError as exc:
             code = _for_version(exc.error_code, ctx.api_version)
         errors = {key: code for key in wanted}

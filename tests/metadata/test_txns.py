@@ -145,3 +145,58 @@ def test_fenced_epoch_and_wrong_producer(kv, topic):
     with pytest.raises(MetadataError) as wrong:
         kv.transact_sync(lambda tr: txns.add_partitions(tr, SUB, "tx", pid + 1, 3, [], 1))
     assert wrong.value.error_code == ErrorCode.invalid_producer_id_mapping
+
+
+def txn_at(pid: int, epoch: int, last_pid: int = -1, last_epoch: int = -1) -> txns.Txn:
+    return txns.Txn(
+        "tx", pid, epoch, txns.TxnState.COMPLETE_ABORT, 1, -1, 0, (), (), last_pid, last_epoch
+    )
+
+
+EXHAUSTED = txns.MAX_EPOCH - 1
+NEW_ID = txns.NEW_PRODUCER_ID
+
+
+@pytest.mark.parametrize(
+    ("txn", "expected", "answer"),
+    [
+        # A new instance (no expected producer): the next epoch, no retry possible after.
+        (txn_at(7, 3, 7, 2), (-1, -1), (4, -1)),
+        (txn_at(7, EXHAUSTED), (-1, -1), (NEW_ID, -1)),
+        # KIP-360: the producer bumps its own epoch; the epoch it had becomes the last.
+        (txn_at(7, 3), (7, 3), (4, 3)),
+        # ... and a retry of that bump (its answer lost) gets the bumped epoch again.
+        (txn_at(7, 4, 7, 3), (7, 3), (4, 3)),
+        # Its epochs exhausted, it gets a new producer id; a retry of that gets it again.
+        (txn_at(7, EXHAUSTED), (7, EXHAUSTED), (NEW_ID, EXHAUSTED)),
+        (txn_at(8, 0, 7, EXHAUSTED), (7, EXHAUSTED), (0, EXHAUSTED)),
+    ],
+)
+def test_init_epoch_follows_kafka(txn, expected, answer) -> None:
+    assert txns.init_epoch(txn, *expected) == answer
+
+
+@pytest.mark.parametrize(
+    ("txn", "expected"),
+    [
+        (txn_at(7, 4, 7, 3), (7, 2)),  # older than the last epoch
+        (txn_at(7, 4), (7, 3)),  # fenced by a new instance since (no last epoch)
+        (txn_at(7, 4, 7, 3), (7, 5)),  # an epoch never handed out
+        (txn_at(7, 4, 7, 3), (6, 3)),  # another producer id
+        (txn_at(8, 0, 7, EXHAUSTED), (7, 5)),  # the previous id, epochs not exhausted
+    ],
+)
+def test_init_epoch_fences_what_is_not_the_producer_or_a_retry(txn, expected) -> None:
+    with pytest.raises(MetadataError) as fenced:
+        txns.init_epoch(txn, *expected)
+    assert fenced.value.error_code == ErrorCode.producer_fenced
+
+
+def test_transactions_stored_before_the_last_epoch_was_kept_read_as_without_one(kv) -> None:
+    """A value of the eight fields written before last_producer_id/last_epoch existed."""
+    old = ("tx", 7, 3, "CompleteCommit", 60000, -1, 5, (), ())[1:]
+    kv.transact_sync(lambda tr: tr.set(SUB.key(keys.TXN, "tx"), keys.pack_value(old)))
+    txn = kv.transact_sync(lambda tr: txns.get_txn(tr, SUB, "tx"))
+    assert (txn.producer_id, txn.epoch, txn.last_producer_id, txn.last_epoch) == (7, 3, -1, -1)
+    kv.transact_sync(lambda tr: txns.put_txn(tr, SUB, txn))
+    assert kv.transact_sync(lambda tr: txns.get_txn(tr, SUB, "tx")) == txn
