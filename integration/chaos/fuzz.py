@@ -55,16 +55,20 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import multiprocessing
 import random
 import re
 import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,10 +112,6 @@ class Catalog:
     requests: tuple[type, ...]
     topic_ids: dict[str, uuid.UUID]
     max_frame: int = DEFAULT_MAX_FRAME_SIZE
-
-    def serves(self, api_key: int, version: int) -> bool:
-        span = self.advertised.get(api_key)
-        return span is not None and span[0] <= version <= span[1]
 
     def request_class(self, api_key: int, version: int) -> type | None:
         try:
@@ -160,6 +160,12 @@ class Plan:
             "ending": self.ending,
             "frames": [{"what": f.what, "hex": f.data.hex()} for f in self.frames],
         }
+
+
+def chance(rng: random.Random, p: float) -> bool:
+    """True with probability p. Drawn as an integer: hypothesis's Random gives floats
+    near 0 far more often than uniform, and integers nearly uniform."""
+    return rng.randrange(1000) < p * 1000
 
 
 def sized(payload: bytes) -> bytes:
@@ -310,30 +316,30 @@ def record_batch(rng: random.Random) -> tuple[bytes, str]:
         records.append((key, value, headers))
     body = records_body(records)
     what = [f"{count} records"]
-    if rng.random() < 0.3:  # damage the records themselves
+    if chance(rng, 0.3):  # damage the records themselves
         at = rng.randrange(len(body) + 1)
         junk = rng.choice((rng.choice(BAD_VARINTS), rng.randbytes(rng.randrange(1, 6)), b"\x01"))
         body = body[:at] + junk + body[at + len(junk) * rng.randrange(2) :]
         what.append(f"records damaged at {at}")
     codec = rng.choice((0, 0, 0, 1, 2, 3, 4))
     payload = compress(codec, body) if codec else body
-    if codec and rng.random() < 0.15:
+    if codec and chance(rng, 0.15):
         at = rng.randrange(len(payload))
         payload = payload[:at] + rng.randbytes(rng.randrange(1, 8)) + payload[at + 4 :]
         what.append("compressed bytes damaged")
-    if codec and rng.random() < 0.004:
+    if codec and chance(rng, 0.004):
         payload = bomb(codec)
         count = 1
         what.append("64 MiB of zeros compressed")
     if codec:
         what.append(Compression(codec).name.lower())
     attributes = codec
-    if rng.random() < 0.1:
+    if chance(rng, 0.1):
         attributes |= rng.choice((0x08, 0x10, 0x20, 0x40, 0x07, rng.randrange(1 << 16)))
         what.append(f"attributes {attributes:#x}")
         attributes -= (attributes & 0x8000) << 1  # as an int16
     producer = {}
-    if rng.random() < 0.2:
+    if chance(rng, 0.2):
         producer = {
             "producer_id": rng.choice((0, 1, 7, rng.randrange(1 << 40))),
             "producer_epoch": rng.choice((0, -1, 0x7FFF)),
@@ -341,15 +347,15 @@ def record_batch(rng: random.Random) -> tuple[bytes, str]:
         }
         what.append("producer")
     batch = bytearray(batch_of(payload, attributes=attributes, count=count, **producer))
-    if rng.random() < 0.15:  # a header field lies
+    if chance(rng, 0.15):  # a header field lies
         at, fmt = rng.choice(((8, ">i"), (16, ">b"), (23, ">i"), (57, ">i"), (0, ">q")))
         struct.pack_into(fmt, batch, at, rng.choice(EDGE_INT32) if fmt != ">b" else 3)
-        batch = bytearray(recrc(batch) if rng.random() < 0.7 else bytes(batch))
+        batch = bytearray(recrc(batch) if chance(rng, 0.7) else bytes(batch))
         what.append(f"header field at {at} set")
-    if rng.random() < 0.05:
+    if chance(rng, 0.05):
         batch = batch[: rng.randrange(len(batch))]
         what.append("cut short")
-    if rng.random() < 0.05:
+    if chance(rng, 0.05):
         batch += batch_of(records_body(records), attributes=0, count=count)
         what.append("two batches")
     return bytes(batch), ", ".join(what)
@@ -361,7 +367,7 @@ def record_batch(rng: random.Random) -> tuple[bytes, str]:
 def valid_request(rng: random.Random, catalog: Catalog) -> tuple[Encoded, str]:
     cls = rng.choice(catalog.requests)
     entity = sample(cls, rng)
-    if rng.random() < 0.9:
+    if chance(rng, 0.9):
         entity = tame(entity, rng)
     return encoded(entity, rng), "sample"
 
@@ -548,7 +554,7 @@ def m_tagged(rng: random.Random, req: Encoded, catalog: Catalog) -> tuple[bytes,
     zeros = [i for i in range(req.body_at, len(req.payload)) if req.payload[i] == 0]
     if not zeros:
         return m_varint(rng, req, catalog)
-    at = zeros[-1] if rng.random() < 0.5 else rng.choice(zeros)
+    at = zeros[-1] if chance(rng, 0.5) else rng.choice(zeros)
     garbage = tagged_garbage(rng)
     return req.payload[:at] + garbage + req.payload[at + 1 :], f"tagged fields at {at}"
 
@@ -589,7 +595,7 @@ def m_flip(rng: random.Random, req: Encoded, catalog: Catalog) -> tuple[bytes, s
 
 def m_splice(rng: random.Random, req: Encoded, catalog: Catalog) -> tuple[bytes, str]:
     at = rng.randrange(len(req.payload) + 1)
-    if rng.random() < 0.5:
+    if chance(rng, 0.5):
         junk = rng.randbytes(rng.choice((1, 2, 7, 100)))
         return req.payload[:at] + junk + req.payload[at:], f"{len(junk)} bytes inserted at {at}"
     n = rng.choice((1, 2, 7, 100))
@@ -618,7 +624,7 @@ MUTATOR_WEIGHTS = {"length": 4, "header": 2, "varint": 2, "tagged": 2, "window":
 
 def size_prefix(rng: random.Random, payload: bytes, catalog: Catalog) -> tuple[bytes, str]:
     """Most frames carry their true size; some lie (short, long, zero, negative, huge)."""
-    if rng.random() < 0.88:
+    if chance(rng, 0.88):
         return sized(payload), ""
     n = len(payload)
     size = rng.choice(
@@ -662,7 +668,7 @@ def random_frame(rng: random.Random, catalog: Catalog) -> Frame:
 
 def regression_frame(rng: random.Random, catalog: Catalog) -> Frame:
     bad = rng.choice(regression_frames.ALL)
-    if rng.random() < 0.5 or len(bad.payload) < 9:
+    if chance(rng, 0.5) or len(bad.payload) < 9:
         return Frame(bad.frame, f"regression {bad.case}")
     data = bytearray(bad.payload)
     at = rng.randrange(8, len(data))
@@ -675,12 +681,12 @@ TARGETED = (produce_request, fetch_request, list_offsets_request)
 
 def make_frame(rng: random.Random, catalog: Catalog) -> Frame:
     """One case: valid (35%), mutated (50%), random (10%) or a regression frame (5%)."""
-    roll = rng.random()
+    roll = rng.randrange(1000) / 1000
     if roll < 0.10:
         return random_frame(rng, catalog)
     if roll < 0.15:
         return regression_frame(rng, catalog)
-    if rng.random() < 0.3:
+    if chance(rng, 0.3):
         req, what = rng.choice(TARGETED)(rng, catalog)
     else:
         req, what = valid_request(rng, catalog)
@@ -732,10 +738,13 @@ class Expected:
     silent: bool  # a request without an answer (Produce acks=0) comes before the end
 
 
-def broker_view(plan: Plan, catalog: Catalog) -> Expected:
-    connection = ServerConnection(max_frame_size=catalog.max_frame)
-    connection.receive_data(plan.data)
-    if plan.ending == "half-close":
+def broker_view(
+    data: bytes, half_closed: bool, advertised: dict[int, tuple[int, int]], max_frame: int
+) -> Expected:
+    """What the broker owes for these bytes, by its own framing and decoder."""
+    connection = ServerConnection(max_frame_size=max_frame)
+    connection.receive_data(data)
+    if half_closed:
         connection.receive_data(b"")
     answers: list[tuple[int, int, int, str]] = []
     silent = False
@@ -756,7 +765,8 @@ def broker_view(plan: Plan, catalog: Catalog) -> Expected:
         except ProtocolError:
             return Expected(tuple(answers), True, silent)
         header = request.header
-        if not catalog.serves(header.api_key, header.api_version):
+        low, high = advertised.get(header.api_key, (0, -1))
+        if not low <= header.api_version <= high:
             if header.api_key == API_VERSIONS:
                 answers.append((header.correlation_id, API_VERSIONS, 0, "ApiVersions v0"))
                 continue
@@ -886,23 +896,27 @@ class Finding:
         return out
 
 
-def judge(outcome: Outcome, catalog: Catalog) -> list[Finding]:
-    """What the broker did with a plan against what it must do."""
-    plan = outcome.plan
-    if outcome.ended in ("connect", "ours") or plan.ending != "half-close":
-        return []
-    expected = broker_view(plan, catalog)
-    got = split_frames(outcome.received)
-    found: list[Finding] = []
+def judge_answers(
+    data: bytes,
+    received: bytes,
+    ended: str,
+    advertised: dict[int, tuple[int, int]],
+    max_frame: int,
+) -> list[tuple[str, str]]:
+    """(kind, detail) of each way the answers to a half-closed plan's bytes differ from
+    what the broker owes."""
+    expected = broker_view(data, True, advertised, max_frame)
+    got = split_frames(received)
+    found: list[tuple[str, str]] = []
     for index, frame in enumerate(got):
         if index >= len(expected.answers):
             if not expected.silent:
-                found.append(Finding("answered-past-the-end", f"answer {index + 1} unasked", plan))
+                found.append(("answered-past-the-end", f"answer {index + 1} unasked"))
             break
         correlation_id, api_key, version, what = expected.answers[index]
         if len(frame) < 4 or struct.unpack_from(">i", frame)[0] != correlation_id:
             if not expected.silent:
-                found.append(Finding("answer-out-of-order", f"answer {index + 1} to {what}", plan))
+                found.append(("answer-out-of-order", f"answer {index + 1} to {what}"))
             break
         try:
             body = decode_response(frame, api_key, version).body
@@ -910,16 +924,72 @@ def judge(outcome: Outcome, catalog: Catalog) -> list[Finding]:
             # kio reads int64 times as datetimes and cannot read Kafka's -1 (a
             # transaction's start time when none is ongoing): not the broker's fault.
             if "negative timestamp" not in str(exc):
-                found.append(Finding("answer-undecodable", f"{what}: {exc}", plan))
+                found.append(("answer-undecodable", f"{what}: {exc}"))
             break
         for where, code in error_codes(body):
             if code == ErrorCode.unknown_server_error:
-                found.append(Finding("unknown-server-error", f"{what}: {where}", plan))
+                found.append(("unknown-server-error", f"{what}: {where}"))
                 break
-    if outcome.ended == "eof" and len(got) < len(expected.answers) and not expected.silent:
-        what = expected.answers[len(got)][3]
-        found.append(Finding("closed-before-answering", what, plan))
+    if ended == "eof" and len(got) < len(expected.answers) and not expected.silent:
+        found.append(("closed-before-answering", expected.answers[len(got)][3]))
     return found
+
+
+class Judge:
+    """Judges outcomes in a child process. The judging decodes what the broker decodes,
+    with the broker's code: a decoder defect that aborts the process (kio reserving
+    memory for a length it was told) must show as a finding, not end the fuzzer."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.advertised = dict(catalog.advertised)
+        self.max_frame = catalog.max_frame
+        self._pool: ProcessPoolExecutor | None = None
+        self._alone = threading.Lock()
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    async def judge(self, outcome: Outcome) -> list[Finding]:
+        plan = outcome.plan
+        if outcome.ended in ("connect", "ours") or plan.ending != "half-close":
+            return []
+        args = (plan.data, outcome.received, outcome.ended, self.advertised, self.max_frame)
+        pool = self._executor()
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(pool, judge_answers, *args)
+        except BrokenProcessPool:
+            if self._pool is pool:
+                self._pool = None
+            # Every plan queued on the process failed with it: this one is judged again
+            # alone, to tell the plan that kills it from the others.
+            found = await asyncio.to_thread(self._judge_alone, args)
+            if found is None:
+                detail = "decoding these frames, with the broker's decoder, killed the process"
+                return [Finding("decoder-died", detail, plan)]
+        return [Finding(kind, detail, plan) for kind, detail in found]
+
+    def _judge_alone(self, args: tuple[Any, ...]) -> list[tuple[str, str]] | None:
+        """judge_answers(*args) in a process of its own; None if the process dies."""
+        with self._alone:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                try:
+                    return pool.submit(judge_answers, *args).result()
+                except BrokenProcessPool:
+                    return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+async def run_and_judge(
+    host: str, port: int, plan: Plan, limit: float, judge: Judge
+) -> tuple[Outcome, list[Finding]]:
+    outcome = await run_plan(host, port, plan, limit)
+    return outcome, await judge.judge(outcome)
 
 
 # -- the broker under test ------------------------------------------------------------------
@@ -1020,6 +1090,12 @@ class External(Target):
         cut = data.rfind(b"\n") + 1
         self._log_at += cut
         return data[:cut].decode(errors="replace").splitlines()
+
+
+def unindented(lines: list[str], keep: int = 30) -> list[str]:
+    """The last lines that are not a stack frame (a dying process's native backtrace
+    buries its one line of reason under hundreds)."""
+    return [line for line in lines if line[:1] not in (" ", "\t")][-keep:]
 
 
 def rss_kib(pid: int) -> int:
@@ -1135,6 +1211,7 @@ class Run:
     target: Target
     catalog: Catalog
     client: WellBehavedClient
+    judge: Judge
     started: float = field(default_factory=time.monotonic)
     cases: int = 0
     plans: int = 0
@@ -1170,7 +1247,7 @@ class Run:
             return True
         return s.seconds is not None and time.monotonic() - self.started >= s.seconds
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Outcome, found: list[Finding]) -> None:
         self.plans += 1
         self.cases += len(outcome.plan.frames)
         self.endings[outcome.ended] += 1
@@ -1180,12 +1257,14 @@ class Run:
         if outcome.ended == "timeout":
             first = outcome.plan.frames[0].what.split(";")[0].split(" ")
             self.slow[" ".join(first[:2])] += 1
-        for finding in judge(outcome, self.catalog):
+        for finding in found:
             self.add(finding)
 
     # after every batch
 
-    def check(self, in_flight: list[Plan]) -> None:
+    def check(self, candidates: list[Plan]) -> None:
+        """The checks after a batch; `candidates` are the plans an agent that died may
+        have died of."""
         pids = self.target.agent_pids()
         # A supervisor restarts an agent that died: its pid changes.
         died = bool(self.pids_seen - set(pids)) or len(pids) < self.target.agents()
@@ -1196,8 +1275,8 @@ class Run:
         self.refused_seen = self.endings["connect"]
         if died:
             self.deaths += 1
-            self.add(Finding("agent-death", "an agent process exited", None, lines[-40:]))
-            self.isolate_death(in_flight)
+            self.add(Finding("agent-death", "an agent process exited", None, unindented(lines)))
+            self.isolate_death(candidates)
             return
         if refused:
             self.add(Finding("connect", f"{refused} connections refused or timed out"))
@@ -1254,11 +1333,8 @@ class Run:
             asyncio.run(run_plan(host, port, plan, self.settings.plan_timeout))
             if not wait_for_exit(self.target, before, 0.3):
                 continue
-            self.add(
-                Finding(
-                    "agent-death", "this plan kills an agent", plan, self.target.log_lines()[-40:]
-                )
-            )
+            lines = unindented(self.target.log_lines())
+            self.add(Finding("agent-death", "this plan kills an agent", plan, lines))
             self.target.restart()
             break
         self.client.close()
@@ -1328,7 +1404,7 @@ async def fuzz_random(run: Run) -> None:
     pending = list(run.settings.replay) or (seed_plans(0) if run.settings.seeds else [])
     run.seeded = 0 if run.settings.replay else len(pending)
     index = len(pending)
-    in_flight: dict[asyncio.Task[Outcome], Plan] = {}
+    in_flight: dict[asyncio.Task[tuple[Outcome, list[Finding]]], Plan] = {}
     while (not run.done() and not run.stopped) or in_flight:
         batch_end = run.cases + run.settings.batch
         drain_until = None
@@ -1340,7 +1416,9 @@ async def fuzz_random(run: Run) -> None:
                 else:
                     plan = make_plan(rng, run.catalog, index)
                     index += 1
-                task = asyncio.ensure_future(run_plan(host, port, plan, run.settings.plan_timeout))
+                task = asyncio.ensure_future(
+                    run_and_judge(host, port, plan, run.settings.plan_timeout, run.judge)
+                )
                 in_flight[task] = plan
                 # Count cases as they are sent, so that the batch ends on time.
                 run.cases += len(plan.frames)
@@ -1366,10 +1444,13 @@ async def fuzz_random(run: Run) -> None:
             for task in done:
                 plan = in_flight.pop(task)
                 run.cases -= len(plan.frames)
-                run.record(task.result())
+                run.record(*task.result())
+        # Should an agent have died, the plans it may have died of: those still in
+        # flight (their judging may take long), then the last ones, newest first.
         recent = list(run.recent.values())[-4 * run.settings.concurrency :]
+        candidates = list(in_flight.values()) + recent[::-1]
         checked = time.monotonic()
-        await asyncio.to_thread(run.check, recent[::-1])
+        await asyncio.to_thread(run.check, candidates)
         run.checking += time.monotonic() - checked
         run.recent.clear()
 
@@ -1385,7 +1466,8 @@ def fuzz_hypothesis(run: Run) -> None:
     host, port = split_address(run.target.bootstrap)
     if run.settings.seeds:
         for plan in seed_plans(0):
-            run.record(asyncio.run(run_plan(host, port, plan, run.settings.plan_timeout)))
+            limit = run.settings.plan_timeout
+            run.record(*asyncio.run(run_and_judge(host, port, plan, limit, run.judge)))
             run.seeded += 1
         run.check([])
     index = [10_000]
@@ -1394,9 +1476,9 @@ def fuzz_hypothesis(run: Run) -> None:
     def attempt(rng: random.Random) -> None:
         plan = make_plan(rng, run.catalog, index[0])
         index[0] += 1
-        outcome = asyncio.run(run_plan(host, port, plan, run.settings.plan_timeout))
-        run.record(outcome)
-        found = judge(outcome, run.catalog)
+        limit = run.settings.plan_timeout
+        outcome, found = asyncio.run(run_and_judge(host, port, plan, limit, run.judge))
+        run.record(outcome, [])  # what it finds is added once shrunk
         lines = run.target.log_lines()
         mine = [ln for ln in lines if " ERROR " in ln and f":{outcome.local_port}" in ln]
         if mine:
@@ -1420,11 +1502,14 @@ def fuzz_hypothesis(run: Run) -> None:
         failing.clear()
         try:
             property_()
-        except Exception:
-            plan, found = failing[-1]  # the last failure is the shrunk one
-            for finding in found:
-                finding.detail += " (shrunk by hypothesis)"
-                run.add(finding)
+        except Exception as exc:
+            if not failing:  # hypothesis itself gave up (flaky, health check)
+                run.add(Finding("hypothesis", f"{type(exc).__name__}: {exc}"[:300]))
+            else:
+                _plan, found = failing[-1]  # the last failure is the shrunk one
+                for finding in found:
+                    finding.detail += " (shrunk by hypothesis)"
+                    run.add(finding)
         run.check(list(run.recent.values())[-20:][::-1])
         run.recent.clear()
 
@@ -1438,7 +1523,10 @@ def fuzz(target: Target, settings: Settings) -> dict[str, Any]:
     if problem is not None:
         raise RuntimeError(f"the broker does not work before fuzzing: {problem}")
     target.log_lines()
-    run = Run(settings, target, catalog, client, handler_errors_seen=target.handler_errors() or 0)
+    judge = Judge(catalog)
+    run = Run(
+        settings, target, catalog, client, judge, handler_errors_seen=target.handler_errors() or 0
+    )
     run.pids_seen = set(target.agent_pids())
     try:
         if settings.engine == "hypothesis":
@@ -1450,6 +1538,7 @@ def fuzz(target: Target, settings: Settings) -> dict[str, Any]:
         run.check([])
     finally:
         run.client.close()
+        judge.close()
     return run.report()
 
 
