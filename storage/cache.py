@@ -52,6 +52,10 @@ class ObjectCache:
         """Bytes held now."""
         return self.stats["bytes"]
 
+    def whole_objects(self) -> list[str]:
+        """The keys of the objects held whole, least recently used first."""
+        return [key for key in self._entries if isinstance(key, str)]
+
     def put(self, key: str, data: bytes) -> None:
         self.discard(key)
         self._add(key, data)

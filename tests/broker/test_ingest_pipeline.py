@@ -134,7 +134,7 @@ async def test_one_flush_numbers_each_partition_in_arrival_order(setup: Setup) -
     assert setup.values(0) == [b"a0-0", b"a1-0", b"a2-0"]
     assert setup.values(1) == [b"b0-0", b"b1-0"]
     # the object is in the cache for tailing consumers
-    (key,) = [k for k in setup.cache._objects]
+    (key,) = setup.cache.whole_objects()
     assert (Path(setup.store.root) / key).read_bytes() == setup.cache.get(key)
 
 
