@@ -58,6 +58,7 @@ import json
 import multiprocessing
 import random
 import re
+import shutil
 import socket
 import struct
 import sys
@@ -1619,6 +1620,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if isinstance(target, OwnBroker):
             target.broker.stop()
+    if isinstance(target, OwnBroker):
+        report["broker_log"] = str(target.broker.log_path)
+        if args.data_dir is None and not report["errors_found"]:
+            shutil.rmtree(target.broker.data_dir.parent, ignore_errors=True)  # nothing to look at
+            report["broker_log"] = None
     text = json.dumps(report, indent=2)
     if args.report:
         args.report.write_text(text + "\n")
