@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 
-.PHONY: run test lint unit kcat maven jars clean bench soak
+.PHONY: run test lint unit kcat maven jars clean bench soak chaos
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,16 @@ bench: $(BENCH_STAMP) jars
 # Retention, garbage collection and compaction under 20 minutes of steady load, with a plot.
 soak: $(BENCH_STAMP) jars
 	$(BIN)/python integration/bench/soak.py
+
+# The chaos scenarios of integration/chaos against agents started here, each bounded in
+# time and count (about 15 minutes on 2 cores); a JSON report of each, with the machine,
+# in integration/chaos/results/.
+CHAOS := integration/chaos/results/$$(date -u +%F)
+chaos: $(STAMP)
+	mkdir -p integration/chaos/results
+	$(BIN)/python -m integration.chaos.killloop --agents 3 --kills 1000 --interval-s 0.5 \
+	  --seconds 720 --report $(CHAOS)-kill-loop.json
+	$(BIN)/python integration/chaos/fuzz.py --cases 100000 --seed 0 --report $(CHAOS)-fuzz.json
 
 clean:
 	rm -rf $(VENV) bucketlog-data
