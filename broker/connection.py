@@ -13,7 +13,10 @@ reading pauses.
 
 Every frame holds its size of the agent's request memory (`broker.memory.RequestMemory`)
 from the moment its size prefix arrives until its request is answered; while the memory
-is used up, the connection does not read.
+is used up, the connection does not read. A frame that stops arriving while other
+connections wait for memory would hold theirs forever (a client that sends only a large
+size prefix): after `FRAME_STALL_SECONDS` without a byte of it in that state, its
+connection is closed as a malformed request.
 
 A malformed frame or request closes the connection once the requests before it are
 answered, an unsupported version too (but for ApiVersions, which is answered), and a
@@ -54,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 READ_SIZE = 256 * 1024
+FRAME_STALL_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +250,20 @@ class _Connection:
         previous = Turn.ended_already()
         while True:
             try:
-                chunk = await self.stream.receive(READ_SIZE)
+                chunk = await self._receive()
             except anyio.EndOfStream:
                 return
             except GONE as exc:
                 self.went_away(exc)
+                return
+            if chunk is None:
+                refused: Promise[Frame | None] = Promise()
+                reason = (
+                    f"{self.held} bytes of a frame held for {FRAME_STALL_SECONDS:g} s "
+                    "without a byte more while others wait for request memory"
+                )
+                refused.fail(_Close(eventlog.MALFORMED_REQUEST, reason))
+                await answers.send(_Answer(b"", refused))
                 return
             self.framing.receive_data(chunk)
             while True:
@@ -260,7 +273,7 @@ class _Connection:
                     # The requests before it are answered first, then the connection
                     # closes (the writer logs why): Kafka reads a frame's size only once
                     # the request before it is answered.
-                    refused: Promise[Frame | None] = Promise()
+                    refused = Promise()
                     refused.fail(_Close(eventlog.MALFORMED_REQUEST, str(exc)))
                     await answers.send(_Answer(b"", refused))
                     return
@@ -283,6 +296,17 @@ class _Connection:
                 tg.start_soon(self.run_one, frame, answer.frame, previous, turn)
                 self.held = 0  # run_one releases it
                 previous = turn
+
+    async def _receive(self) -> bytes | None:
+        """The next bytes from the client; None when a frame holding request memory got
+        none for FRAME_STALL_SECONDS while other connections wait for memory."""
+        while True:
+            if not self.held:
+                return await self.stream.receive(READ_SIZE)
+            with anyio.move_on_after(FRAME_STALL_SECONDS):
+                return await self.stream.receive(READ_SIZE)
+            if self.memory.contended:
+                return None
 
     async def run_one(
         self, frame: bytes, slot: Promise[Frame | None], after: Turn, turn: Turn

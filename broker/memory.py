@@ -99,6 +99,11 @@ class RequestMemory:
     def in_use(self) -> int:
         return self.capacity - self.available
 
+    @property
+    def contended(self) -> bool:
+        """Whether a connection waits for memory now."""
+        return bool(self._waiters)
+
     async def reserve(self, size: int) -> None:
         """Take `size` bytes, waiting while they are not free."""
         if size > self.capacity:

@@ -91,3 +91,28 @@ def test_a_frame_larger_than_the_request_memory_is_refused_at_its_prefix(
         assert client.wait_closed()
     with WireClient(broker.bootstrap) as client:
         assert metadata(client, None).brokers
+
+
+def test_a_frame_that_stops_arriving_gives_its_memory_up_to_those_waiting(start_broker) -> None:
+    from kio.index import load_request_schema
+
+    from broker.entities import build
+    from tests.e2e.rawclient import roundtrip
+
+    api_versions = build(
+        load_request_schema(18, 3),
+        {"client_software_name": "tests", "client_software_version": "0"},
+    )
+    pool = 2 * MIB
+    broker = start_broker(extra_args=["--queued-max-request-bytes", str(pool)])
+    with socket.create_connection(("127.0.0.1", broker.port)) as stalled:
+        # A size prefix taking the whole request memory, a few bytes, then nothing.
+        stalled.sendall(struct.pack(">i", pool) + b"\0" * 10)
+        time.sleep(0.5)
+        # Another client's small request waits for memory: the stalled frame gives it up
+        # (its connection closed) a few seconds later, and the request is answered.
+        started = time.monotonic()
+        assert roundtrip(broker.port, api_versions, timeout=20).error_code == 0
+        assert time.monotonic() - started < 15
+        stalled.settimeout(5)
+        assert stalled.recv(1) == b"", "the stalled connection is closed"
