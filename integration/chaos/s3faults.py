@@ -25,6 +25,14 @@ stop, recovery is timed, everything is read back and checked.
 5. Stops the producers, reads every partition back and checks it (checker.check: lost,
    duplicated by an idempotent producer, offsets not dense, order).
 
+What reaches clients. botocore retries every one of these faults (storage/s3.py), so at
+20% no produce fails: the clients see nothing. Only when its retries give up (most
+requests failing) does an upload fail, and its batches are answered KAFKA_STORAGE_ERROR
+(broker/ingest.py), which clients retry. A producer without idempotence then retries
+under librdkafka's rules: seen twice at 80 to 95% faults, a batch of such a producer
+was written after later ones (checker: out of order), though it keeps one request in
+flight; an idempotent producer's order held in every run.
+
 Exit status 0 if nothing was wrong; 1 on an anomaly of the checker, an error that is
 not retriable at a client, or no recovery; 2 if the run itself failed (nothing
 acknowledged, a read-back that did not finish, a producer's fatal error).
@@ -54,6 +62,7 @@ if __package__ in (None, ""):  # run as a file: the repository root holds our pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from kio.schema.errors import ErrorCode
 
 from integration.chaos import checker, harness, killloop
@@ -357,6 +366,30 @@ class Tail(threading.Thread):
         }
 
 
+def wait_for_every_agent(bootstrap: str, count: int, timeout_s: float = 30.0) -> bool:
+    """Until each agent names `count` brokers in its metadata. Leaders are spread over
+    the agents each one sees live: a partition created before an agent saw the others
+    changes leader once it does, and a client then has requests for it in flight to two
+    agents at once (librdkafka's max.in.flight is per connection), which may reorder a
+    producer without idempotence."""
+    deadline = time.monotonic() + timeout_s
+    for address in bootstrap.split(","):
+        while True:
+            try:
+                # A new client each time: its first request goes to `address`.
+                admin = AdminClient({"bootstrap.servers": address, "log_level": 2})
+                metadata = admin.list_topics(timeout=2)
+                seen = metadata.orig_broker_name.split("/")[0] == address
+                if seen and len(metadata.brokers) >= count:
+                    break
+            except Exception:  # noqa: BLE001 - a KafkaException: asked again
+                pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+    return True
+
+
 def recover(bootstrap: str, topic: str, timeout_s: float) -> tuple[float | None, Ack | None]:
     """Seconds until a new producer's record is acknowledged and a new consumer reads
     it at its offset (None: not within timeout_s); the acknowledgement."""
@@ -494,6 +527,8 @@ def run(args: argparse.Namespace, agents: harness.Agents, proxy: FaultProxy) -> 
     topic = f"chaos-s3-faults-{uuid.uuid4().hex[:8]}"
     problems: list[str] = []
     proxy.fault_rate = 0.0  # the topic is created, and each client started, without faults
+    if not wait_for_every_agent(agents.bootstrap, args.agents):
+        problems.append(f"not every agent saw {args.agents} agents live within 30 s")
     killloop.create_topic(agents.bootstrap, topic, args.partitions)
     producers = [
         _producer(
