@@ -52,7 +52,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -488,6 +488,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="each agent's cache of recent objects: small, so that fetches read S3",
     )
     parser.add_argument("--flush-interval-ms", type=int, default=100, help="of each agent")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the faults last")
+    parser.add_argument("--seed", type=int, default=None, help="of the faults drawn")
+    add_workload_arguments(parser)
+    return parser
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `run_with_faults` reads: the clients, recovery, read-back, report."""
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument(
         "--producers", type=int, default=4, help="producers; every other one idempotent"
@@ -495,15 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=float, default=50.0, help="records a second per producer")
     parser.add_argument("--probe-rate", type=float, default=20.0, help="of the probe producer")
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long the faults last")
     parser.add_argument("--recovery-timeout-s", type=float, default=30.0)
     parser.add_argument("--settle-s", type=float, default=2.0, help="producing after recovery")
     parser.add_argument("--flush-timeout-s", type=float, default=60.0)
     parser.add_argument("--read-timeout-s", type=float, default=120.0)
-    parser.add_argument("--seed", type=int, default=None, help="of the faults drawn")
     parser.add_argument("--report", help="write the JSON report here")
     parser.add_argument("--label", default="", help="a note kept in the report")
-    return parser
 
 
 def _producer(
@@ -524,9 +529,36 @@ def _producer(
 
 def run(args: argparse.Namespace, agents: harness.Agents, proxy: FaultProxy) -> dict[str, Any]:
     """The scenario on agents already started on the proxied store; the report."""
-    topic = f"chaos-s3-faults-{uuid.uuid4().hex[:8]}"
-    problems: list[str] = []
     proxy.fault_rate = 0.0  # the topic is created, and each client started, without faults
+
+    def fault_phase(stopped: Callable[[], bool]) -> dict[str, Any]:
+        proxy.fault_rate = args.fault_rate
+        began = time.monotonic()
+        while time.monotonic() - began < args.seconds and not stopped():
+            time.sleep(0.1)
+        proxy.fault_rate = 0.0
+        seen = proxy.describe()
+        seen["summary"] = (
+            f"{seen['faults']} of {seen['requests']} S3 requests failed "
+            f"({seen['measured_fault_rate']}) {seen['faults_by_kind']}"
+        )
+        return seen
+
+    return run_with_faults(args, agents, SCENARIO, fault_phase)
+
+
+def run_with_faults(
+    args: argparse.Namespace,
+    agents: harness.Agents,
+    scenario: str,
+    fault_phase: Callable[[Callable[[], bool]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Producers, the probe and the consumer on a new topic; `fault_phase(stopped)` once
+    every producer has an acknowledgement (it returns when its faults are over, or soon
+    after `stopped()`: a producer failed, with what it did); then recovery, read-back and
+    check. The report's body."""
+    topic = f"chaos-{scenario}-{uuid.uuid4().hex[:8]}"
+    problems: list[str] = []
     if not wait_for_every_agent(agents.bootstrap, args.agents):
         problems.append(f"not every agent saw {args.agents} agents live within 30 s")
     killloop.create_topic(agents.bootstrap, topic, args.partitions)
@@ -557,14 +589,10 @@ def run(args: argparse.Namespace, agents: harness.Agents, proxy: FaultProxy) -> 
     acks_before = sum(len(p.acks) for p in everyone)
     failed_before = Counter(probe.failed)
 
-    proxy.fault_rate = args.fault_rate
     began = time.monotonic()
-    while time.monotonic() - began < args.seconds and not any(p.fatal for p in everyone):
-        time.sleep(0.1)
-    proxy.fault_rate = 0.0
+    faults_seen = fault_phase(lambda: any(p.fatal for p in everyone))
     fault_phase_s = time.monotonic() - began
     acks_during = sum(len(p.acks) for p in everyone) - acks_before
-    faults_seen = proxy.describe()
 
     recovery_s, recovery_ack = recover(agents.bootstrap, topic, args.recovery_timeout_s)
     failed_at_recovery = Counter(probe.failed)
@@ -642,9 +670,8 @@ def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
     faults, check, errors = report["faults"], report["check"], report["client_errors"]
     acked = sum(p["acknowledged"] for p in report["producers"])
     print(
-        f"s3 faults: {faults['faults']} of {faults['requests']} S3 requests failed "
-        f"({faults['measured_fault_rate']}) over {faults['fault_phase_s']} s "
-        f"{faults['faults_by_kind']}; recovery {report['recovery_s']} s; "
+        f"{report['scenario']}: {faults['summary']} over {faults['fault_phase_s']} s; "
+        f"recovery {report['recovery_s']} s; "
         f"{acked} acknowledged, {report['read_back']['records']} read back",
         file=out,
     )
