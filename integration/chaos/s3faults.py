@@ -25,6 +25,14 @@ stop, recovery is timed, everything is read back and checked.
 5. Stops the producers, reads every partition back and checks it (checker.check: lost,
    duplicated by an idempotent producer, offsets not dense, order).
 
+Measured on 2 cores shared with other work (load 7 to 9), 2 agents, the defaults
+(4 producers at 50 records a second, the probe at 20, 8 partitions, 100 ms flushes,
+16 KiB caches), `--seconds 600 --fault-rate 0.2`: 14,355 of 71,206 S3 requests failed
+(20.2%: 2,800 to 2,900 of each kind; GET 57,819, PUT 7,377, DELETE 5,673, HEAD 337),
+131,973 records acknowledged and every one read back where acknowledged, none lost,
+duplicated or out of order; no error reached a client, not even the probe; produce and
+consume worked 0.18 s after the faults stopped; 625 s in all.
+
 What reaches clients. botocore retries every one of these faults (storage/s3.py), so at
 20% no produce fails: the clients see nothing. Only when its retries give up (most
 requests failing) does an upload fail, and its batches are answered KAFKA_STORAGE_ERROR
