@@ -29,7 +29,7 @@ from metadata import cluster, keys, topics
 from metadata import log as log_layer
 from metadata.chunk_cache import ChunkCache
 from metadata.cluster import Agent as AgentInfo
-from metadata.kv import KV, open_kv
+from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
 from storage.objectstore import ObjectStore, open_store
 
@@ -190,6 +190,8 @@ class Agent:
             await anyio.sleep(due - now)
             try:
                 await self.renew_lease()
+            except KVError as exc:  # the metadata store is unavailable: an expected event
+                logger.warning("lease renewal failed: %s", exc)
             except Exception:
                 logger.exception("lease renewal failed")
 
@@ -206,6 +208,9 @@ class Agent:
 
             try:
                 states = await self.kv.read(read)
+            except KVError as exc:
+                logger.warning("watermark poll failed: %s", exc)
+                continue
             except Exception:
                 logger.exception("watermark poll failed")
                 continue
@@ -225,6 +230,8 @@ class Agent:
                 await abort_expired(
                     self, lambda tid: self.coordinator_for(tid).node_id == self.node_id
                 )
+            except KVError as exc:
+                logger.warning("transaction timeout check failed: %s", exc)
             except Exception:
                 logger.exception("transaction timeout check failed")
 
