@@ -71,11 +71,17 @@ soak: $(BENCH_STAMP) jars
 # time and count (about 15 minutes on 2 cores); a JSON report of each, with the machine,
 # in integration/chaos/results/.
 CHAOS := integration/chaos/results/$$(date -u +%F)
+# How long S3 faults last in `make chaos` (600: the 10-minute run, about 11 minutes alone).
+S3_FAULT_S ?= 60
 chaos: $(STAMP)
 	mkdir -p integration/chaos/results
 	$(BIN)/python -m integration.chaos.killloop --agents 3 --kills 1000 --interval-s 0.5 \
 	  --seconds 720 --report $(CHAOS)-kill-loop.json
 	$(BIN)/python integration/chaos/fuzz.py --cases 100000 --seed 0 --report $(CHAOS)-fuzz.json
+	$(BIN)/python -m integration.chaos.s3faults --fault-rate 0.2 --seconds $(S3_FAULT_S) \
+	  --report $(CHAOS)-s3-faults.json
+	$(BIN)/python -m integration.chaos.metafaults --lock-s 5 --gap-s 3 --seconds 30 \
+	  --report $(CHAOS)-metadata-faults.json
 
 clean:
 	rm -rf $(VENV) bucketlog-data
