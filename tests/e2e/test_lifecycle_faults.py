@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.e2e.clients_support import set_topic_configs
 from tests.e2e.test_retention import (
     DELETE_DELAY_MS,
     FAST,
@@ -39,10 +40,13 @@ def test_a_pass_killed_midway_is_finished_after_a_restart(
 ):
     data_dir = tmp_path / "data"
     broker = start_broker(extra_args=FAST, data_dir=data_dir, env={"BUCKETLOG_FAULT_POINTS": fault})
-    create(broker, "f", retention_ms="5000")
+    # Retention set once every record is in: a pass coming sooner would kill the agent
+    # while the test still produces.
+    create(broker, "f")
     now = int(time.time() * 1000)
     produce_each(broker, "f", [b"old-%d" % i for i in range(5)], now - 60_000)
     produce_each(broker, "f", [b"new-%d" % i for i in range(3)], now + 60_000)
+    set_topic_configs(broker.bootstrap, "f", {"retention.ms": "5000"})
     assert broker.proc is not None
     assert broker.proc.wait(30) == -signal.SIGKILL, "the fault point was not reached"
     assert len(broker.object_keys("ingest/")) == objects_left
