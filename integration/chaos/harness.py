@@ -168,6 +168,11 @@ class Agents:
         """SIGKILL to a random agent that is up; None if none is up now."""
         raise NotImplementedError
 
+    def kill_port(self, port: int) -> Kill | None:
+        """SIGKILL to the agent listening on `port` if it is up; None if it is not (or
+        agents cannot be told apart: an external set)."""
+        return None
+
     def all_up(self) -> bool:
         return True
 
@@ -244,6 +249,19 @@ class HarnessRestarted(Agents):
                 return None
             broker = rng.choice(up)
             self._up[broker.port] = False
+        return self._kill(broker)
+
+    def kill_port(self, port: int) -> Kill | None:
+        with self._lock:
+            chosen = [b for b in self.brokers if b.port == port and self._up[b.port]]
+            if not chosen:
+                return None
+            broker = chosen[0]
+            self._up[broker.port] = False
+        return self._kill(broker)
+
+    def _kill(self, broker: BrokerProcess) -> Kill:
+        """SIGKILL to an agent marked down by the caller; it is started again at once."""
         assert broker.proc is not None
         pid = broker.proc.pid
         broker.proc.send_signal(signal.SIGKILL)
@@ -335,7 +353,13 @@ class SupervisorRestarted(Agents):
         if not up:
             return None
         port = rng.choice(sorted(up))
-        pid = up[port]
+        return self._kill(port, up[port])
+
+    def kill_port(self, port: int) -> Kill | None:
+        pid = self._pids_up().get(port)
+        return None if pid is None else self._kill(port, pid)
+
+    def _kill(self, port: int, pid: int) -> Kill | None:
         with self._lock:
             self._down[port] = pid
         try:
