@@ -195,13 +195,19 @@ def read_values(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
 def end_offset(bootstrap: str, topic: str, isolation: str) -> int:
     """Partition 0's end for the isolation level: its last stable offset, or its high
     watermark."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "ends", "isolation.level": isolation}
-    )
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
-    finally:
-        consumer.close()
+    deadline = time.monotonic() + 30
+    while True:  # a new consumer each time: its metadata may name a dead agent leader
+        consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "ends", "isolation.level": isolation}
+        )
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        finally:
+            consumer.close()
 
 
 def test_an_epoch_bump_retried_after_its_agent_died_gets_the_bumped_epoch(start_broker):
@@ -383,3 +389,45 @@ def test_a_producer_rides_out_a_lost_answer_to_add_partitions(faulty_agents):
     producer.commit_transaction(60)
     assert agents.died.is_set(), "the coordinator did not die adding the partitions"
     assert read_values(agents.healthy.bootstrap, topic, "read_committed") == [b"0", b"1", b"2"]
+
+
+def test_a_transaction_outliving_its_timeout_is_aborted_by_the_next_coordinator(tmp_path):
+    """The agent coordinating a transactional id dies (for good) while the id's transaction
+    is open; once its lease is out, the other agent coordinates the id and aborts the
+    transaction at its timeout, fencing its producer: nothing of it is visible, and the
+    partition is not held open."""
+    first, second = free_ports(2)
+    agents = Agents(
+        BrokerProcess(tmp_path / "data", first).start(),
+        BrokerProcess(tmp_path / "data", second).start(),
+        threading.Event(),
+    )
+    try:
+        topic = f"timed-out-{uuid.uuid4().hex[:6]}"
+        ensure_topic(second, topic)
+        tid = agents.coordinated_id("timed-out")
+        with WireClient(agents.healthy.bootstrap) as client:
+            answer = client.call(
+                request(
+                    INIT_PRODUCER_ID,
+                    4,
+                    transactional_id=tid,
+                    transaction_timeout=1500,
+                    producer_id=-1,
+                    producer_epoch=-1,
+                )
+            )
+            pid, epoch = answer.producer_id, answer.producer_epoch
+            open_transaction(client, tid, pid, epoch, topic)
+            agents.faulty.kill9()  # before the timeout: the survivor must abort it
+            bootstrap = agents.healthy.bootstrap
+            deadline = time.monotonic() + 30
+            while end_offset(bootstrap, topic, "read_committed") < 2:
+                assert time.monotonic() < deadline, "the transaction stayed open"
+                time.sleep(0.2)
+            assert end_offset(bootstrap, topic, "read_uncommitted") == 2  # record, marker
+            assert read_values(bootstrap, topic, "read_committed") == []
+            fenced = client.call(end_txn(tid, pid, epoch, commit=True))
+            assert fenced.error_code == ErrorCode.producer_fenced
+    finally:
+        agents.healthy.stop()
