@@ -38,6 +38,9 @@ END_AFTER_COMMIT = "txn.end_after_commit"
 INIT_AFTER_COMMIT = "txn.init_after_commit"
 ADD_PARTITIONS_BEFORE_COMMIT = "txn.add_partitions_before_commit"  # the request is lost
 ADD_PARTITIONS_AFTER_COMMIT = "txn.add_partitions_after_commit"  # its answer is lost
+# Test-only misbehaviour: one EndTxn(commit) answered INVALID_TXN_STATE, the transaction
+# left open, for the chaos checker to report the fatal error no Kafka broker would give.
+END_COMMIT_REFUSED = "txn.end_commit_refused"
 
 
 class _Changed(Exception):

@@ -9,6 +9,7 @@ also aborts the id's transactions that outlive their timeout.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any
 
@@ -22,6 +23,7 @@ from broker.handlers import api, response_class
 from broker.transactions import (
     ADD_PARTITIONS_AFTER_COMMIT,
     ADD_PARTITIONS_BEFORE_COMMIT,
+    END_COMMIT_REFUSED,
     end_transaction,
 )
 from metadata import groups, producers, topics, txns
@@ -34,6 +36,8 @@ TXN_OFFSET_COMMIT = 28
 DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
+
+logger = logging.getLogger(__name__)
 
 
 @api(ADD_PARTITIONS_TO_TXN, 0, 3)
@@ -116,6 +120,14 @@ async def add_offsets_to_txn(request: Any, ctx: HandlerContext) -> Any:
 
 @api(END_TXN, 0, 3)
 async def end_txn(request: Any, ctx: HandlerContext) -> Any:
+    if request.committed and faults.misbehave(END_COMMIT_REFUSED):
+        logger.warning(
+            "fault point %s (test-only): EndTxn(commit) of %r refused, the transaction left open",
+            END_COMMIT_REFUSED,
+            request.transactional_id,
+        )
+        code = ErrorCode.invalid_txn_state
+        return build(response_class(request), {"throttle_time": 0, "error_code": code})
     try:
         await end_transaction(
             ctx.agent,
