@@ -83,10 +83,14 @@ SCENARIO = "s3-faults"
 FAULT_KINDS = ("slowdown", "internal", "drop-before", "drop-after", "latency")
 
 # Errors librdkafka makes itself (negative codes) that a client retries or rides out:
-# a connection lost or refused, a request or message that timed out.
+# a connection lost or refused, a request or message that timed out, a request to an
+# agent that left the Metadata answer (its lease ran out while the metadata store was
+# down, as a Kafka broker is fenced when it cannot reach the controller) failed when
+# librdkafka let go of that broker.
 CLIENT_RETRIABLE = frozenset(
     {
         KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
         KafkaError._TIMED_OUT,
         KafkaError._MSG_TIMED_OUT,
         KafkaError._ALL_BROKERS_DOWN,
