@@ -55,6 +55,7 @@ class _Queued:
     data: bytes | memoryview
     view: RecordBatchView
     promise: Promise[AppendResult]
+    deadline: float | None  # time.monotonic() after which it must not be committed
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +66,7 @@ class _Flush:
     key: str
     data: bytes
     pending: list[PendingBatch]
+    deadlines: list[float | None]  # of each pending batch (_Queued.deadline)
     # The buffer index of each pending batch, then of each dropped one.
     order: list[int]
     committed: Promise[list[AppendResult]]  # resolved by the committer
@@ -81,6 +83,7 @@ class PipelineStats:
     bytes: int = 0
     commits: int = 0
     failed_flushes: int = 0
+    timed_out_batches: int = 0  # refused at their commit: past their request's deadline
 
 
 class IngestPipeline:
@@ -128,15 +131,22 @@ class IngestPipeline:
         return await self.enqueue(topic_id, partition, data, view).wait()
 
     def enqueue(
-        self, topic_id: bytes, partition: int, data: bytes | memoryview, view: RecordBatchView
+        self,
+        topic_id: bytes,
+        partition: int,
+        data: bytes | memoryview,
+        view: RecordBatchView,
+        deadline: float | None = None,
     ) -> Promise[AppendResult]:
         """Queue one validated batch now; the promise resolves once it is durable and has
-        offsets (or failed). Batches are committed in the order they are queued."""
+        offsets (or failed). Batches are committed in the order they are queued. A batch
+        whose commit would begin after `deadline` (time.monotonic()) is refused with
+        REQUEST_TIMED_OUT instead, nothing of it written."""
         promise: Promise[AppendResult] = Promise()
         if not self._buffer:
             self._oldest = anyio.current_time()
             self._arrived.set()
-        self._buffer.append(_Queued(topic_id, partition, data, view, promise))
+        self._buffer.append(_Queued(topic_id, partition, data, view, promise, deadline))
         self._buffered_bytes += len(data)
         if self._buffered_bytes >= self._flush_bytes:
             self._full.set()
@@ -247,8 +257,19 @@ class IngestPipeline:
         now_ms = int(self._clock() * 1000)
 
         def txn(tr: Any) -> list[list[AppendResult]]:
+            # Taken in each attempt, once the store let it begin (SQLite's write lock
+            # held): a batch past its deadline now is not written.
+            now = time.monotonic()
             return [
-                commit_ingest(tr, self._sub, f.key, len(f.data), now_ms, f.pending)
+                commit_ingest(
+                    tr,
+                    self._sub,
+                    f.key,
+                    len(f.data),
+                    now_ms,
+                    f.pending,
+                    {i for i, d in enumerate(f.deadlines) if d is not None and now > d},
+                )
                 + [_acked_not_committed(tr, self._sub, *dropped) for dropped in f.dropped]
                 for f in group
             ]
@@ -264,6 +285,10 @@ class IngestPipeline:
             ]
             for f in group:
                 self._cache.discard(f.key)  # never committed
+        late = sum(r.error == ErrorCode.request_timed_out for rs in committed for r in rs)
+        if late:
+            self.stats.timed_out_batches += late
+            logger.warning("%d batches not committed: their produce requests timed out", late)
         for f, results in zip(group, committed, strict=True):
             f.committed.set(results)
 
@@ -280,6 +305,7 @@ class IngestPipeline:
         data, locations = encode_ingest_file(chunks)
         order: list[int] = []
         pending: list[PendingBatch] = []
+        deadlines: list[float | None] = []
         dropped: list[int] = []
         for idx, location in zip(groups.values(), locations, strict=True):
             for i, start in zip(idx, location.batch_starts, strict=True):
@@ -295,6 +321,7 @@ class IngestPipeline:
                     dropped.append(i)
                     continue
                 order.append(i)
+                deadlines.append(item.deadline)
                 pending.append(
                     PendingBatch(
                         topic_id=item.topic_id,
@@ -314,6 +341,7 @@ class IngestPipeline:
             new_object_key(),
             data,
             pending,
+            deadlines,
             order + dropped,
             Promise(),
             dropped=[(items[i].topic_id, items[i].partition) for i in dropped],

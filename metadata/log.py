@@ -17,7 +17,7 @@ Offsets never move backwards: the watermark only grows, and it is read from the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -294,10 +294,13 @@ def commit_ingest(
     object_size: int,
     now_ms: int,
     batches: Sequence[PendingBatch],
+    expired: Collection[int] = (),
 ) -> list[AppendResult]:
     """Give the batches of one uploaded object their offsets; results in input order.
 
-    Batches of one partition must appear in the order they were received.
+    Batches of one partition must appear in the order they were received. The batches
+    at the indexes in `expired` are refused with REQUEST_TIMED_OUT and not written:
+    their producers were answered so, or may have given up on them.
     """
     results: list[AppendResult | None] = [None] * len(batches)
     by_partition: dict[tuple[bytes, int], list[int]] = {}
@@ -330,6 +333,11 @@ def commit_ingest(
         for i in indexes:
             batch = batches[i]
             pid = batch.producer_id
+            if i in expired:
+                write_run(run, topic_id, partition, hwm)
+                run = []
+                results[i] = AppendResult(ErrorCode.request_timed_out)
+                continue
             if batch.control != NOT_CONTROL:
                 # A marker written by the transaction coordinator: no sequence checks.
                 txns.close_open(

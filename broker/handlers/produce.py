@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 from kio.schema.errors import ErrorCode
 
 from broker.context import HandlerContext
@@ -46,6 +47,9 @@ _Queued = tuple[tuple[str, int], bytes, int, bytes | memoryview, RecordBatchView
 
 API_KEY = 0
 VALID_ACKS = (-1, 0, 1)
+# How long before an acks=all request's timeout its batches stop being committed (a tenth
+# of the timeout when that is less): the answer must reach the producer before it gives up.
+COMMIT_MARGIN_S = 1.0
 NO_TIMESTAMP = -1
 
 
@@ -106,9 +110,25 @@ def _invalid_timestamp(index: int, record_count: int) -> dict[str, Any]:
     return answer
 
 
+def commit_deadline(acks: int, timeout_ms: int, now: float) -> float | None:
+    """When an acks=all request's batches must have been committed (time.monotonic()):
+    Kafka answers REQUEST_TIMED_OUT once its timeout passes without them replicated, and
+    the producer's own timer runs out about then. Here such a batch is then never
+    committed (IngestPipeline.enqueue), so that a producer that gave up on it and sent it
+    again, under a new epoch perhaps, does not find the first try written after all. The
+    deadline comes a little before the timeout, so the answer reaches the producer while
+    it still waits."""
+    if acks != -1 or timeout_ms <= 0:
+        return None
+    timeout_s = timeout_ms / 1000
+    return now + timeout_s - min(COMMIT_MARGIN_S, timeout_s / 10)
+
+
 @api(API_KEY, 3, 11, advertised_min=0)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
+    timeout_ms = int(request.timeout.total_seconds() * 1000)
+    deadline = commit_deadline(request.acks, timeout_ms, time.monotonic())
     answers: dict[tuple[str, int], dict[str, Any]] = {}
     order: list[tuple[str, int]] = []
     queued: list[_Queued] = []
@@ -174,11 +194,21 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             stamped[key] = now_ms = int(time.time() * 1000)
             view = with_log_append_time(view, now_ms)
             data = view.data
-        promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view)))
+        promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view, deadline)))
     ctx.end_turn()
 
     for key, promise in promises:
-        result = await promise.wait()
+        if deadline is None:
+            result = await promise.wait()
+        else:
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await promise.wait()
+            # Not committed by the deadline: it never will be.
+            result = (
+                await promise.wait()
+                if promise.done()
+                else AppendResult(ErrorCode.request_timed_out)
+            )
         stamp = NO_TIMESTAMP
         # A retry was stamped when it was first appended, not now: Kafka answers that time
         # from its producer state, which here keeps no timestamps.

@@ -12,6 +12,7 @@ original batch's offsets and no error).
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -336,3 +337,39 @@ def test_pipelined_requests_on_one_connection_keep_their_order(broker, client):
         assert [(a.error_code, a.base_offset) for a in answers] == [
             (ErrorCode.none, seq) for seq in range(5)
         ], round_
+
+
+def test_a_produce_past_its_timeout_is_answered_so_and_never_committed(broker, client):
+    # Kafka answers an acks=all produce REQUEST_TIMED_OUT once its timeout passes. Here
+    # the batch is then never committed either: a producer that gave up on it and sent
+    # it again (librdkafka, after its own timer, may do so under a new epoch) must not
+    # find the first try written after all.
+    db = broker.data_dir / "metadata.db"
+    if not db.exists():
+        pytest.skip("holds the SQLite metadata store's write lock: another store is in use")
+    topic = new_topic(client, "late")
+    pid, epoch = init_producer_id(client)
+    records = build_batch(
+        [(None, b"late", [], TS)], producer_id=pid, producer_epoch=epoch, base_sequence=0
+    )
+    timed_out_before = broker.stats().get("pipeline", {}).get("timed_out_batches", 0)
+    lock = sqlite3.connect(db, timeout=30, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        began = time.monotonic()
+        answer = produce(client, {topic: {0: records}}, timeout_ms=2000)[topic, 0]
+        waited = time.monotonic() - began
+        time.sleep(1)  # the flush's commit still waits for the lock
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert answer.error_code == ErrorCode.request_timed_out
+    assert 1.5 <= waited < 3  # at its timeout (less a margin), not when the lock went
+    deadline = time.monotonic() + 10
+    while broker.stats().get("pipeline", {}).get("timed_out_batches", 0) == timed_out_before:
+        assert time.monotonic() < deadline, "the late batch's commit never ran"
+        time.sleep(0.1)
+    assert log_of(client, topic) == []
+    retry = produce(client, {topic: {0: records}})[topic, 0]
+    assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 0)
+    assert log_of(client, topic) == [(0, b"late")]

@@ -186,3 +186,38 @@ def test_only_last_five_batches_are_remembered(kv, topic):
     assert (recent.error, recent.base_offset) == (ErrorCode.none, 3)
     (old,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=1)], key="r2")
     assert old.error == ErrorCode.out_of_order_sequence_number
+
+
+def test_expired_batches_are_refused_and_leave_no_trace(kv, topic):
+    pid = new_producer(kv)
+    results = kv.transact_sync(
+        lambda tr: log.commit_ingest(
+            tr,
+            SUB,
+            "obj-late",
+            10_000,
+            5,
+            [
+                batch(topic, 0, 0, 2),
+                batch(topic, 0, 100, 4, pid=pid, epoch=0, seq=0),
+                batch(topic, 0, 200, 3),
+            ],
+            {1},
+        )
+    )
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.request_timed_out, -1),
+        (ErrorCode.none, 2),
+    ]
+    state = kv.transact_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
+    assert state.high_watermark == 5
+    # The producer's sequence did not move: its retry of the refused batch is written.
+    (retry,) = commit(kv, [batch(topic, 0, 0, 4, pid=pid, epoch=0, seq=0)], key="o2")
+    assert (retry.error, retry.base_offset, retry.duplicate) == (ErrorCode.none, 5, False)
+    entries = kv.transact_sync(lambda tr: list(log.read_chunks(tr, SUB, topic.topic_id, 0, 0)))
+    assert [(e.object_key, e.start, e.length) for e in entries] == [
+        ("obj-late", 0, 100),
+        ("obj-late", 200, 100),
+        ("o2", 0, 100),
+    ]
