@@ -32,6 +32,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under --object-store s3 (the second configuration of `make test`), skip the tests
+    the object store makes no difference to: they ran in the first."""
+    if config.getoption("--object-store") != "s3":
+        return
+    skip = pytest.mark.skip(
+        reason="store_independent: the object store chosen makes no difference to it (or "
+        "it chooses its own); it runs in the local configuration"
+    )
+    for item in items:
+        if item.get_closest_marker("store_independent"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def fdb_cluster_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A FoundationDB cluster file: a throwaway local fdbserver, or BUCKETLOG_TEST_FDB_CLUSTER_FILE."""

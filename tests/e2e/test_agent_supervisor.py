@@ -13,11 +13,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.e2e.rawclient import ensure_topic, produce_raw
 from tests.support.brokerproc import BrokerProcess, free_ports, pid_alive, wait_for_port
+
+pytestmark = pytest.mark.store_independent
 
 T = TypeVar("T")
 

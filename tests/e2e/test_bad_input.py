@@ -45,7 +45,7 @@ from tests.e2e.wire import (
 from tests.support.brokerproc import BrokerProcess, free_ports
 from tests.support.regression_frames import FORBIDDEN_NULLS, OVER_LONG_ARRAYS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 PARTITIONS = 3
 HEALTH_TOPIC = "health"

@@ -22,7 +22,7 @@ from tests.e2e.clients_support import create_topic, set_topic_configs
 from tests.e2e.wire import WireClient, fetch, produce
 from tests.support.brokerproc import BrokerProcess, free_ports
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 TS = 1_700_000_000_000
 

@@ -20,7 +20,7 @@ from tests.e2e.rawclient import ensure_topic
 from tests.e2e.wire import WireClient, metadata, produce, raw_frame, request
 from tests.support.brokerproc import BrokerProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 METADATA, FETCH = 3, 1
 BAD_REQUESTS = 60

@@ -13,13 +13,11 @@ import pytest
 
 from integration.chaos import diskfull
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 
 @pytest.mark.parametrize("store", ["objects", "metadata"])
-def test_a_full_volume_fails_produces_retriably_and_loses_nothing(tmp_path, request, store):
-    if request.config.getoption("--object-store") != "local":
-        pytest.skip("fills the local object store's volume: runs in the local configuration")
+def test_a_full_volume_fails_produces_retriably_and_loses_nothing(tmp_path, store):
     report_path = tmp_path / "report.json"
     argv = [
         "--agents", "2",

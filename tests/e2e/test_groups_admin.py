@@ -25,6 +25,8 @@ except ImportError:  # older confluent-kafka
 from tests.e2e.rawclient import ensure_topic, produce_raw
 from tests.support.group_consumers import ConfluentRunner, KafkaPythonRunner, Tracker, wait_for
 
+pytestmark = pytest.mark.store_independent
+
 ARGS = ["--group-initial-rebalance-delay-ms", "200", "--default-partitions", "3"]
 ROOT = Path(__file__).resolve().parents[2]
 CONSUMER_GROUPS_TOOL = ROOT / "integration" / "bin" / "kafka-consumer-groups"

@@ -16,6 +16,8 @@ import pytest
 
 from tests.support.group_consumers import RUNNERS, BackgroundProducer, Tracker, wait_for
 
+pytestmark = pytest.mark.store_independent
+
 PARTITIONS = 12
 RACING_A_REBALANCE = re.compile(
     "ILLEGAL_GENERATION|REBALANCE_IN_PROGRESS|IllegalGeneration|RebalanceInProgress"

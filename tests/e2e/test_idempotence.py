@@ -24,7 +24,7 @@ from protocol.records import build_batch, iter_batches, iter_records
 from tests.e2e.wire import WireClient, api_versions, fetch, metadata, produce, request
 from tests.support.brokerproc import BrokerProcess, free_ports
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 TS = 1_700_000_000_000
 

@@ -19,7 +19,7 @@ from protocol.records import build_batch
 from tests.e2e.rawclient import ensure_topic, fetch_raw
 from tests.e2e.wire import WireClient, request
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, END_TXN = 22, 24, 26
 ROUNDS = 300

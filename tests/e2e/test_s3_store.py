@@ -6,9 +6,12 @@ import time
 import uuid
 
 import boto3
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.storage.moto_support import TEST_BUCKET
+
+pytestmark = pytest.mark.store_independent
 
 
 def test_produce_consume_on_s3(start_broker, moto_s3):
@@ -24,7 +27,11 @@ def test_produce_consume_on_s3(start_broker, moto_s3):
             "--default-partitions",
             "3",
         ],
-        env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"},
+        env={
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        },
     )
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
     sent = {}
@@ -44,7 +51,9 @@ def test_produce_consume_on_s3(start_broker, moto_s3):
         if msg is None:
             continue
         assert msg.error() is None, msg.error()
-        got.setdefault(msg.partition(), []).append((msg.offset(), msg.key(), msg.value(), msg.headers()))
+        got.setdefault(msg.partition(), []).append(
+            (msg.offset(), msg.key(), msg.value(), msg.headers())
+        )
     consumer.close()
     values = sorted(v for recs in got.values() for _o, _k, v, _h in recs)
     assert values == sorted(b"value-%d" % i for i in range(300))

@@ -19,7 +19,7 @@ from broker import faults
 from broker.transactions import END_COMMIT_REFUSED
 from integration.chaos import transactions
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
 SHORT = [
     "--agents", "3",
