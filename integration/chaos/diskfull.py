@@ -8,7 +8,7 @@ back and checked.
 
 1. The volume: `--volume DIR` (a folder on a small file system of your own), or else a
    tmpfs of `--volume-mb` mounted here (that needs root; without it the run stops with
-   exit status 2 and says so).
+   exit status 3, not run, and says why).
 2. Starts `--agents` agents whose object store is `file://<volume>/objects` (the
    metadata store stays in the work dir, on another volume), or whose metadata store is
    `sqlite:///<volume>/metadata.db` (the objects stay in the work dir), and a topic of
@@ -46,6 +46,7 @@ from integration.chaos import harness, metafaults, s3faults
 from storage.local import TEMP_PREFIX
 
 SCENARIO = "disk-full"
+NOT_RUN = 3  # exit status: no volume to fill here
 CHUNK = 1 << 20  # the ballast grows by this much, then by 4 KiB at the end
 
 
@@ -231,7 +232,7 @@ def main(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 }
     except VolumeUnavailable as exc:
         print(f"{SCENARIO}: not run: {exc}", file=sys.stderr)
-        return 2
+        return NOT_RUN
     report["duration_s"] = round(time.monotonic() - wall, 1)
     s3faults.print_summary(report)
     if report["temp_files_left"]:
