@@ -57,6 +57,9 @@ too unless noted.
   (TXN_OFFSET, transactional_id, group, topic, p)  (offset, leader_epoch, metadata) pending
                                                     until the transaction commits
   (TXN_OFFSET_GROUP, group, topic, p, txn id)      b"" -- the same, found by group
+  (JOURNAL, sequence)                              (next n to sequence, node_id, updated_ms)
+                                                    of a lightning topics' journal sequence
+                                                    (metadata/journal.py)
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
@@ -104,6 +107,7 @@ TXN_OPEN = 31
 ABORTED = 32
 TXN_OFFSET = 33
 TXN_OFFSET_GROUP = 34
+JOURNAL = 40
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:

@@ -23,7 +23,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -67,10 +67,13 @@ class ChunkLocation:
 
 def encode_ingest_file(
     chunks: Sequence[tuple[bytes, int, Sequence[bytes | memoryview]]],
+    table: Callable[[list[ChunkLocation]], bytes] | None = None,
 ) -> tuple[bytes, list[ChunkLocation]]:
     """Build one ingest file from (topic_id, partition, raw batches) items.
 
-    Returns the object and the location of every chunk, in the input order.
+    Returns the object and the location of every chunk, in the input order. `table`, given
+    the locations, makes a block that goes between the last chunk and the footer (a
+    journal object's batch table): readers of chunks never see it.
     """
     parts: list[bytes | memoryview] = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
     entries: list[bytes] = []
@@ -92,6 +95,8 @@ def encode_ingest_file(
         parts.extend(batches)
         entries.append(_ENTRY.pack(topic_id, partition, start, length, len(batches)))
         locations.append(ChunkLocation(topic_id, partition, start, length, tuple(starts)))
+    if table is not None:
+        parts.append(table(locations))
     footer = b"".join(entries)
     parts.append(footer)
     parts.append(_TRAILER.pack(len(footer), crc32c.crc32c(footer), MAGIC))
@@ -164,6 +169,111 @@ async def read_index(
         return decode_footer(tail)
     except IngestFileError as exc:
         raise IngestFileError(f"{key}: {exc}") from None
+
+
+# -- journal objects: an ingest file with a batch table -------------------------------------
+#
+# A lightning topic's flush is answered before it has offsets; whoever gives it offsets
+# later (the agent that wrote it, or another after its death) needs each batch's producer
+# fields, which the footer does not hold. They sit in a table between the last chunk and
+# the footer, so that the tail of the object (one ranged GET) holds all of it:
+#
+#     table    one entry per batch, in file order:                    59 bytes each
+#              topic_id (16), partition i32, start u64, length u32, last_offset_delta
+#              i32, max_timestamp i64, producer_id i64, producer_epoch i16,
+#              base_sequence i32, flags u8 (bit 0: transactional)
+#     table trailer  table length u32, crc32c(table) u32, b"BLJT"           12 bytes
+#
+# then the footer and trailer of every ingest file.
+
+JOURNAL_MAGIC = b"BLJT"
+_JOURNAL_ENTRY = struct.Struct(">16siQIiqqhiB")
+_JOURNAL_TRAILER = struct.Struct(">II4s")
+JOURNAL_ENTRY_SIZE = _JOURNAL_ENTRY.size  # 59
+
+
+@dataclass(frozen=True, slots=True)
+class JournalBatch:
+    """What giving one batch of a journal object its offsets takes."""
+
+    topic_id: bytes
+    partition: int
+    start: int
+    length: int
+    last_offset_delta: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    transactional: bool
+
+
+def encode_journal_table(batches: Sequence[JournalBatch]) -> bytes:
+    table = b"".join(
+        _JOURNAL_ENTRY.pack(
+            b.topic_id,
+            b.partition,
+            b.start,
+            b.length,
+            b.last_offset_delta,
+            b.max_timestamp,
+            b.producer_id,
+            b.producer_epoch,
+            b.base_sequence,
+            1 if b.transactional else 0,
+        )
+        for b in batches
+    )
+    return table + _JOURNAL_TRAILER.pack(len(table), crc32c.crc32c(table), JOURNAL_MAGIC)
+
+
+def decode_journal_table(tail: bytes, whole: bool) -> list[JournalBatch] | int:
+    """The batch table from a tail of a journal object; `whole`: the tail is the whole
+    object. When the tail is too short, how many bytes of tail are needed instead.
+
+    :raises IngestFileError: not a journal object, or a corrupt table.
+    """
+    needed = footer_size(tail) + _JOURNAL_TRAILER.size
+    if len(tail) < needed:
+        if whole:
+            raise IngestFileError("no journal table before the footer (not a journal object)")
+        return needed
+    end = len(tail) - footer_size(tail)  # where the table trailer ends
+    length, crc, magic = _JOURNAL_TRAILER.unpack_from(tail, end - _JOURNAL_TRAILER.size)
+    if magic != JOURNAL_MAGIC:
+        raise IngestFileError("no journal table before the footer (not a journal object)")
+    if length % JOURNAL_ENTRY_SIZE:
+        raise IngestFileError(f"journal table length {length} is not a whole number of entries")
+    needed += int(length)
+    if len(tail) < needed:
+        if whole:
+            raise IngestFileError(f"journal table of {length} bytes does not fit the object")
+        return needed
+    table = memoryview(tail)[len(tail) - needed : end - _JOURNAL_TRAILER.size]
+    if crc32c.crc32c(table) != crc:
+        raise IngestFileError("journal table crc32c mismatch")
+    return [
+        JournalBatch(tid, p, st, ln, delta, ts, pid, epoch, seq, bool(flags & 1))
+        for tid, p, st, ln, delta, ts, pid, epoch, seq, flags in _JOURNAL_ENTRY.iter_unpack(table)
+    ]
+
+
+async def read_journal_table(
+    store: ObjectStore, key: str, *, tail_guess: int = 64 * 1024
+) -> list[JournalBatch]:
+    """The batch table of a stored journal object, read from its tail: one ranged GET,
+    or two or three when footer and table are larger than `tail_guess`."""
+    wanted = max(tail_guess, TRAILER_SIZE)
+    for _ in range(3):
+        tail = await store.get(key, -wanted)
+        try:
+            found = decode_journal_table(tail, whole=len(tail) < wanted)
+        except IngestFileError as exc:
+            raise IngestFileError(f"{key}: {exc}") from None
+        if not isinstance(found, int):
+            return found
+        wanted = found
+    raise IngestFileError(f"{key}: the journal table's size keeps changing")
 
 
 # ULIDs: 48-bit milliseconds since the epoch, then 80 random bits, in Crockford base32.

@@ -11,14 +11,19 @@ import pytest
 from storage.ingest import (
     ENTRY_SIZE,
     HEADER_SIZE,
+    JOURNAL_ENTRY_SIZE,
     TRAILER_SIZE,
     ChunkLocation,
     IngestFileError,
+    JournalBatch,
     decode_footer,
     decode_header,
+    decode_journal_table,
     encode_ingest_file,
+    encode_journal_table,
     new_object_key,
     read_index,
+    read_journal_table,
 )
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStore
@@ -180,3 +185,56 @@ def test_keys_from_separate_milliseconds_sort_by_time() -> None:
     time.sleep(0.002)
     second = new_object_key()
     assert first < second
+
+
+def journal_entries(locations: list[ChunkLocation]) -> list[JournalBatch]:
+    return [
+        JournalBatch(loc.topic_id, loc.partition, start, 10, i, 1_700 + i, 7, 2, i * 3, i == 1)
+        for i, (loc, start) in enumerate(
+            (loc, start) for loc in locations for start in loc.batch_starts
+        )
+    ]
+
+
+async def test_a_journal_table_is_read_from_the_tail_and_chunks_are_unchanged(
+    store: ObjectStore,
+) -> None:
+    made: list[JournalBatch] = []
+
+    def table(locations: list[ChunkLocation]) -> bytes:
+        made.extend(journal_entries(locations))
+        return encode_journal_table(made)
+
+    chunks = sample_chunks()
+    data, locations = encode_ingest_file(chunks, table)
+    plain, plain_locations = encode_ingest_file(chunks)
+    assert locations == plain_locations
+    assert len(data) == len(plain) + len(made) * JOURNAL_ENTRY_SIZE + 12
+    # Readers of chunks see the same file: the table sits between chunks and footer.
+    assert decode_footer(data) == decode_footer(plain)
+    assert data[: locations[-1].end] == plain[: locations[-1].end]
+    await store.put("journal/s/0000000000", data, if_absent=True)
+    assert await read_journal_table(store, "journal/s/0000000000") == made
+    stats: dict[str, int] = store.stats  # type: ignore[attr-defined]
+    stats["gets"] = 0
+    assert await read_journal_table(store, "journal/s/0000000000", tail_guess=40) == made
+    assert stats["gets"] == 3, "the trailer, then the footer and table trailer, then the table"
+
+
+async def test_a_journal_table_that_is_missing_or_corrupt_is_refused(
+    local_store: LocalObjectStore,
+) -> None:
+    plain, _ = encode_ingest_file(sample_chunks())
+    await local_store.put("journal/s/0000000001", plain)
+    with pytest.raises(IngestFileError, match="no journal table"):
+        await read_journal_table(local_store, "journal/s/0000000001")
+    data, _ = encode_ingest_file(
+        sample_chunks(), lambda locations: encode_journal_table(journal_entries(locations))
+    )
+    corrupt = bytearray(data)
+    footer_at = len(data) - (len(decode_footer(data)) * ENTRY_SIZE + TRAILER_SIZE)
+    corrupt[footer_at - 12 - 5] ^= 0xFF  # inside the table's last entry
+    await local_store.put("journal/s/0000000002", bytes(corrupt))
+    with pytest.raises(IngestFileError, match="journal/s/0000000002: journal table crc32c"):
+        await read_journal_table(local_store, "journal/s/0000000002")
+    assert isinstance(decode_journal_table(data[-30:], whole=False), int)  # read more
