@@ -21,6 +21,7 @@ from broker.config import BrokerConfig
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
+from broker.journal import JournalPipeline, JournalSweep, ProducerSequences, SweepSettings
 from broker.lifecycle import Lifecycle, LifecycleSettings
 from broker.memory import RequestMemory
 from broker.readahead import ReadAhead
@@ -76,6 +77,33 @@ class Agent:
             flush_bytes=config.resolved_flush_bytes,
             # An object the orphan sweep may delete must never be committed after.
             max_commit_delay_ms=config.orphan_min_age_ms // 2,
+        )
+        self.journal = JournalPipeline(
+            kv,
+            self.sub,
+            store,
+            self.cache,
+            self.notifier,
+            lambda: self.node_id,
+            flush_interval_ms=config.resolved_flush_interval_ms,
+            flush_bytes=config.resolved_flush_bytes,
+            files_per_sequence=config.journal_files_per_sequence,
+            sequence_seconds=config.journal_sequence_ms / 1000,
+            upload_limit_ms=config.journal_upload_limit_ms,
+        )
+        self.producer_sequences = ProducerSequences(kv, self.sub, self.journal)
+        self.journal_sweep = JournalSweep(
+            kv,
+            self.sub,
+            store,
+            self.notifier,
+            self.journal,
+            lambda: self.node_id,
+            SweepSettings(
+                interval_ms=config.journal_sweep_interval_ms,
+                idle_ms=config.journal_idle_ms,
+                upload_limit_ms=config.journal_upload_limit_ms,
+            ),
         )
         self.node_id = -1
         self.cluster_id = ""

@@ -149,6 +149,39 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         3_600_000,
         "how old an object no metadata names must be before the sweep deletes it",
     ),
+    (
+        "journal-files-per-sequence",
+        _positive,
+        1000,
+        "lightning topics: objects in one journal sequence before the agent starts another",
+    ),
+    (
+        "journal-sequence-ms",
+        _positive,
+        600_000,
+        "lightning topics: how long the agent writes one journal sequence at most",
+    ),
+    (
+        "journal-sweep-interval-ms",
+        _positive,
+        10_000,
+        "lightning topics: how often the journal is listed for objects answered and never"
+        " sequenced (their agent died)",
+    ),
+    (
+        "journal-idle-ms",
+        _positive,
+        10_000,
+        "lightning topics: how long a journal sequence must have had no new object before"
+        " the sweep sequences what its writer left",
+    ),
+    (
+        "journal-upload-limit-ms",
+        _positive,
+        30_000,
+        "lightning topics: a journal upload that takes longer is not answered with success"
+        " (the sweep may skip its number)",
+    ),
     ("compaction", _bool, True, "merge small objects into large ones (true or false)"),
     (
         "compaction-interval-ms",
@@ -297,6 +330,11 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         object_delete_delay_ms=args.object_delete_delay_ms,
         orphan_sweep_interval_ms=args.orphan_sweep_interval_ms,
         orphan_min_age_ms=args.orphan_min_age_ms,
+        journal_files_per_sequence=args.journal_files_per_sequence,
+        journal_sequence_ms=args.journal_sequence_ms,
+        journal_sweep_interval_ms=args.journal_sweep_interval_ms,
+        journal_idle_ms=args.journal_idle_ms,
+        journal_upload_limit_ms=args.journal_upload_limit_ms,
         compaction=args.compaction,
         compaction_interval_ms=args.compaction_interval_ms,
         compaction_min_age_ms=args.compaction_min_age_ms,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 # Topic configs a topic reports when it sets none itself (Apache Kafka's defaults).
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "bucketlog.topic.type": "classic",
     "cleanup.policy": "delete",
     "compression.type": "producer",
     "max.message.bytes": "1048588",
@@ -73,6 +74,12 @@ class BrokerConfig:
     compaction_max_jobs: int = 1
     compaction_lease_ms: int = 120_000
     compaction_retention_span_percent: int = 10
+    # Lightning topics' journal (broker.journal).
+    journal_files_per_sequence: int = 1000
+    journal_sequence_ms: int = 600_000
+    journal_sweep_interval_ms: int = 10_000
+    journal_idle_ms: int = 10_000
+    journal_upload_limit_ms: int = 30_000
     # Cleaning of compacted topics (broker.cleaning).
     log_cleaner_enable: bool = True
     log_cleaner_backoff_ms: int = 15_000

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from broker.eventlog import EventLog
     from broker.groups import GroupCoordinator
     from broker.ingest import IngestPipeline
+    from broker.journal import JournalPipeline, ProducerSequences
     from broker.memory import RequestMemory
     from broker.readahead import ReadAhead
     from broker.sync import Notifier
@@ -77,6 +78,11 @@ class AgentServices(Protocol):
     # Writing and waiting: the produce pipeline, and the partitions' change notices.
     @property
     def pipeline(self) -> IngestPipeline: ...
+    # Lightning topics: answered once durable, sequenced after (broker.journal).
+    @property
+    def journal(self) -> JournalPipeline: ...
+    @property
+    def producer_sequences(self) -> ProducerSequences: ...
     @property
     def notifier(self) -> Notifier: ...
 

@@ -40,7 +40,7 @@ from metadata.kv import KV
 from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partition
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache
-from storage.ingest import encode_ingest_file, new_object_key
+from storage.ingest import ChunkLocation, encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class _Flush:
     # The buffer index of each pending batch, then of each dropped one.
     order: list[int]
     committed: Promise[list[AppendResult]]  # resolved by the committer
+    size: int = 0  # bytes of the object
+    started_at: float = 0.0  # anyio.current_time() when it was made
     uploaded_at: float = 0.0  # anyio.current_time() when its upload returned
     # (topic id, partition) of each batch to be acknowledged but not committed (only
     # ever with the test-only fault point ACK_WITHOUT_COMMIT)
@@ -197,10 +199,9 @@ class IngestPipeline:
             else:
                 self.stats.flushes += 1
                 self.stats.batches += len(items)
-                self.stats.bytes += len(flush.data)
+                self.stats.bytes += flush.size
                 flush.uploaded_at = anyio.current_time()
-                self._hand_over(seq, flush)
-                committed = await flush.committed.wait()
+                committed = await self._after_upload(flush)
                 for i, result in zip(flush.order, committed, strict=True):
                     results[i] = result
         finally:
@@ -265,7 +266,7 @@ class IngestPipeline:
                     tr,
                     self._sub,
                     f.key,
-                    len(f.data),
+                    f.size,
                     now_ms,
                     f.pending,
                     {i for i, d in enumerate(f.deadlines) if d is not None and now > d},
@@ -302,27 +303,53 @@ class IngestPipeline:
             (topic_id, partition, [items[i].data for i in idx])
             for (topic_id, partition), idx in groups.items()
         ]
-        data, locations = encode_ingest_file(chunks)
-        order: list[int] = []
-        pending: list[PendingBatch] = []
-        deadlines: list[float | None] = []
-        dropped: list[int] = []
-        for idx, location in zip(groups.values(), locations, strict=True):
+        planned: list[_Plan] = []
+
+        def plan(locations: list[ChunkLocation]) -> bytes:
+            planned.append(self._plan(items, list(groups.values()), locations))
+            return self._table(planned[0].pending)
+
+        data, _locations = encode_ingest_file(chunks, plan)
+        (found,) = planned
+        return _Flush(
+            seq,
+            self._object_key(),
+            data,
+            found.pending,
+            found.deadlines,
+            found.order + found.dropped,
+            Promise(),
+            size=len(data),
+            started_at=anyio.current_time(),
+            dropped=[(items[i].topic_id, items[i].partition) for i in found.dropped],
+        )
+
+    def _plan(
+        self, items: list[_Queued], groups: list[list[int]], locations: list[ChunkLocation]
+    ) -> _Plan:
+        """Each batch's place in the object (grouped by partition, `groups` of item
+        indexes in chunk order), as its commit will record it."""
+        found = _Plan()
+        for idx, location in zip(groups, locations, strict=True):
             for i, start in zip(idx, location.batch_starts, strict=True):
                 item = items[i]
                 view = item.view
-                if view.producer_id < 0 and faults.misbehave(ACK_WITHOUT_COMMIT):
+                if (
+                    self._drop_fault
+                    and view.producer_id < 0
+                    and faults.misbehave(ACK_WITHOUT_COMMIT)
+                ):
                     logger.warning(
                         "fault point %s (test-only): a batch of partition %d acknowledged, "
                         "never committed",
                         ACK_WITHOUT_COMMIT,
                         item.partition,
                     )
-                    dropped.append(i)
+                    found.dropped.append(i)
                     continue
-                order.append(i)
-                deadlines.append(item.deadline)
-                pending.append(
+                found.order.append(i)
+                found.deadlines.append(item.deadline)
+                found.pending.append(
                     PendingBatch(
                         topic_id=item.topic_id,
                         partition=item.partition,
@@ -336,16 +363,31 @@ class IngestPipeline:
                         transactional=view.is_transactional,
                     )
                 )
-        return _Flush(
-            seq,
-            new_object_key(),
-            data,
-            pending,
-            deadlines,
-            order + dropped,
-            Promise(),
-            dropped=[(items[i].topic_id, items[i].partition) for i in dropped],
-        )
+        return found
+
+    # -- what a journal (broker.journal) does otherwise ----------------------------------
+
+    _drop_fault = True  # the test-only fault point ACK_WITHOUT_COMMIT applies
+
+    def _object_key(self) -> str:
+        return new_object_key()
+
+    def _table(self, pending: list[PendingBatch]) -> bytes:
+        """A block to put before the object's footer (none)."""
+        return b""
+
+    async def _after_upload(self, flush: _Flush) -> list[AppendResult]:
+        """The answers of an uploaded flush's batches: once it is committed."""
+        self._hand_over(flush.seq, flush)
+        return await flush.committed.wait()
+
+
+@dataclass(slots=True)
+class _Plan:
+    order: list[int] = field(default_factory=list)  # item index of each pending batch
+    pending: list[PendingBatch] = field(default_factory=list)
+    deadlines: list[float | None] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # the fault point's
 
 
 def _acked_not_committed(

@@ -29,6 +29,10 @@ def snapshot(agent: Agent) -> dict[str, Any]:
     """Every counter of the agent, as plain JSON values."""
     return {
         "pipeline": dataclasses.asdict(agent.pipeline.stats),
+        "journal": {
+            **dataclasses.asdict(agent.journal.stats),
+            **dataclasses.asdict(agent.journal.journal_stats),
+        },
         "store": dict(getattr(agent.store, "stats", {})),
         "cache": dict(agent.cache.stats),
         "reader": dict(agent.reader.stats),

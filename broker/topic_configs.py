@@ -184,6 +184,8 @@ class ConfigKey:
 
 
 _MAX_LONG = str(LONG_MAX)
+TOPIC_TYPE = "bucketlog.topic.type"
+CLASSIC, LIGHTNING = "classic", "lightning"
 _COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 
 # One row per config, in name order: (name, type, Kafka's default, doc, validator, broker
@@ -192,6 +194,13 @@ _COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer
 TOPIC_CONFIG_KEYS: dict[str, ConfigKey] = {
     key.name: key
     for key in (
+        ConfigKey(
+            TOPIC_TYPE, "STRING", CLASSIC,
+            "classic: a produce is answered once its batches have offsets; lightning: once "
+            "they are durable in the object store, with offset -1, and given offsets right "
+            "after (bucketlog's own config).",
+            one_of(CLASSIC, LIGHTNING), None,
+        ),
         ConfigKey(
             "cleanup.policy", "LIST", "delete",
             "How old log segments are discarded: delete, compact, or both.",

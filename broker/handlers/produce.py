@@ -30,7 +30,7 @@ from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 from broker.sync import Promise
-from broker.topic_configs import cleanup_policies
+from broker.topic_configs import LIGHTNING, TOPIC_TYPE, cleanup_policies
 from metadata.log import AppendResult
 from protocol.records import (
     LOG_APPEND_TIME,
@@ -43,7 +43,8 @@ from protocol.records import (
 
 # One partition's batch that passed the checks: key, topic id, partition, records, their
 # view, and whether the topic's message.timestamp.type is LogAppendTime.
-_Queued = tuple[tuple[str, int], bytes, int, bytes | memoryview, RecordBatchView, bool]
+# (topic, partition), topic id, partition, batch, its view, LogAppendTime?, lightning?
+_Queued = tuple[tuple[str, int], bytes, int, bytes | memoryview, RecordBatchView, bool, bool]
 
 API_KEY = 0
 VALID_ACKS = (-1, 0, 1)
@@ -135,15 +136,16 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
 
     # This request holds its connection's turn until its batches are queued: a producer's
     # pipelined requests reach the log in the order it sent them.
-    promises: list[tuple[tuple[str, int], Promise[AppendResult]]] = []
+    promises: list[tuple[tuple[str, int], Promise[AppendResult], float | None]] = []
     for topic_data in request.topic_data:
         name = topic_data.name
         topic = await agent.topic(name)
-        max_bytes, log_append_time, compacted = 0, False, False
+        max_bytes, log_append_time, compacted, lightning = 0, False, False, False
         if topic is not None:
             max_bytes = int(agent.topic_config(topic, "max.message.bytes"))
             log_append_time = agent.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
             compacted = "compact" in cleanup_policies(agent.topic_config(topic, "cleanup.policy"))
+            lightning = agent.topic_config(topic, TOPIC_TYPE) == LIGHTNING
         for pdata in topic_data.partition_data:
             key = (name, pdata.index)
             order.append(key)
@@ -170,10 +172,12 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 continue
             # A view of the request frame (see protocol.produce): copied once, into
             # the flush's object. A batch to be stamped is copied before that, below.
-            queued.append((key, topic.topic_id, pdata.index, records, view, log_append_time))
+            queued.append(
+                (key, topic.topic_id, pdata.index, records, view, log_append_time, lightning)
+            )
 
     # Kafka answers bad partitions first, and then judges what is left as a whole.
-    transactional = any(view.is_transactional for *_rest, view, _stamp in queued)
+    transactional = any(view.is_transactional for *_rest, view, _stamp, _kind in queued)
     if transactional and request.transactional_id is None:
         code = ErrorCode.transactional_id_authorization_failed
         for key in order:
@@ -186,7 +190,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     # What is left is appended, and stamped first where the topic says so (Kafka's
     # LogValidator takes the time for each partition it validates).
     stamped: dict[tuple[str, int], int] = {}
-    for key, topic_id, partition, data, view, log_append_time in queued:
+    for key, topic_id, partition, data, view, log_append_time, lightning in queued:
         if log_append_time:
             if view.timestamp_type == LOG_APPEND_TIME:
                 answers[key] = _invalid_timestamp(partition, view.record_count)
@@ -194,14 +198,34 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             stamped[key] = now_ms = int(time.time() * 1000)
             view = with_log_append_time(view, now_ms)
             data = view.data
-        promises.append((key, agent.pipeline.enqueue(topic_id, partition, data, view, deadline)))
+        if not lightning:
+            # A topic turned classic: its batches come after those still to be sequenced.
+            await agent.journal.wait_sequenced(topic_id, partition)
+            promises.append(
+                (key, agent.pipeline.enqueue(topic_id, partition, data, view, deadline), deadline)
+            )
+            continue
+        if view.is_transactional:
+            answers[key] = _partition_answer(
+                partition,
+                AppendResult(ErrorCode.invalid_txn_state),
+                f"Transactions are not supported on the lightning topic {key[0]}",
+            )
+            continue
+        if view.producer_id >= 0:
+            checked = await agent.producer_sequences.check(topic_id, partition, view)
+            if checked.error != ErrorCode.none or checked.duplicate:
+                answers[key] = _partition_answer(partition, checked)
+                continue
+        # Answered once durable, with offset -1 (broker.journal).
+        promises.append((key, agent.journal.enqueue(topic_id, partition, data, view), None))
     ctx.end_turn()
 
-    for key, promise in promises:
-        if deadline is None:
+    for key, promise, wait_until in promises:
+        if wait_until is None:
             result = await promise.wait()
         else:
-            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            with anyio.move_on_after(max(0.0, wait_until - time.monotonic())):
                 await promise.wait()
             # Not committed by the deadline: it never will be.
             result = (

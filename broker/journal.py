@@ -1,0 +1,497 @@
+"""Lightning topics: a produce is answered once its object is durable, and sequenced after.
+
+A topic with `bucketlog.topic.type=lightning` takes the journal path (DESIGN.md, "Lazy
+sequencing"):
+
+1. `JournalPipeline` buffers its batches like the ingest pipeline and writes one object
+   per flush into this process's journal sequence (`journal/<sequence>/<n>`, a new
+   sequence after `files_per_sequence` objects or `sequence_seconds`). The object carries
+   a batch table (storage.ingest) so that anyone can sequence it from its tail alone.
+2. As soon as the upload returns, the batches are answered: no error, base offset -1
+   (Kafka's answer when the offset is not known).
+3. The committer then sequences the objects in n order (metadata.journal), each at most
+   once: a second attempt (a retry after an unknown result, the sweep racing it) changes
+   nothing. A failed commit is retried until it succeeds; the batches are already
+   answered.
+4. `JournalSweep`, run by one agent at a time (a lease), sequences the objects of
+   sequences no live process writes any more: an agent killed between answering and
+   sequencing loses nothing.
+
+Idempotent producers stay correct (`ProducerSequences`): the agent checks each batch's
+sequence against what it answered before for that producer and partition (loaded from
+the metadata store at first sight) and answers DUPLICATE (no error, offset -1) or
+OUT_OF_ORDER_SEQUENCE_NUMBER / INVALID_PRODUCER_EPOCH at produce time, as Kafka does at
+append. Since the objects are sequenced in order, the check at sequencing agrees.
+Transactional batches are refused (INVALID_TXN_STATE): a transaction's markers must come
+after its batches in the log, which a lazily sequenced batch cannot promise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from broker import faults
+from broker.ingest import IngestPipeline, _Flush
+from broker.sync import Notifier
+from metadata import journal as journal_layer
+from metadata import keys, leases, producers
+from metadata.kv import KV, KVError
+from metadata.log import AppendResult, PendingBatch
+from protocol.records import RecordBatchView
+from storage.cache import ObjectCache
+from storage.ingest import (
+    IngestFileError,
+    JournalBatch,
+    encode_journal_table,
+    new_object_key,
+    read_journal_table,
+)
+from storage.objectstore import ObjectInfo, ObjectStore
+
+logger = logging.getLogger(__name__)
+
+# Test-only (broker.faults): the committer sequences nothing from the n-th flush on, so
+# that answered objects wait for the sweep of another process.
+COMMIT_NEVER = "journal.commit_never"
+
+UNKNOWN = AppendResult(ErrorCode.none, -1, -1)
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+@dataclass(slots=True)
+class JournalStats:
+    sequenced_objects: int = 0  # by this agent's committer
+    swept_objects: int = 0  # by the sweep (objects of other processes' sequences)
+    skipped_holes: int = 0
+    commit_retries: int = 0
+    refused_at_sequencing: int = 0  # answered with success, refused when sequenced
+    unreadable_objects: int = 0
+    backlog_objects: int = 0  # answered, not yet sequenced (this agent's)
+    backlog_bytes: int = 0
+
+
+class JournalPipeline(IngestPipeline):
+    """The ingest pipeline of lightning topics: answer after the upload, sequence after."""
+
+    _drop_fault = False
+
+    def __init__(
+        self,
+        kv: KV,
+        sub: keys.Subspace,
+        store: ObjectStore,
+        cache: ObjectCache,
+        notifier: Notifier,
+        node_id: Callable[[], int],
+        *,
+        flush_interval_ms: int,
+        flush_bytes: int,
+        files_per_sequence: int = 1000,
+        sequence_seconds: float = 600.0,
+        upload_limit_ms: int = 30_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(
+            kv,
+            sub,
+            store,
+            cache,
+            notifier,
+            flush_interval_ms=flush_interval_ms,
+            flush_bytes=flush_bytes,
+            clock=clock,
+        )
+        self._node_id = node_id
+        self._upload_limit_s = upload_limit_ms / 1000
+        self._files_per_sequence = files_per_sequence
+        self._sequence_seconds = sequence_seconds
+        self._sequence = ""
+        self._sequence_files = 0
+        self._sequence_opened = 0.0
+        self.sequences: set[str] = set()  # every sequence this process wrote
+        self.journal_stats = JournalStats()
+        # Per partition, how many answered batches wait to be sequenced.
+        self._unsequenced: Counter[tuple[bytes, int]] = Counter()
+        self._sequenced = anyio.Event()
+        # Flushes are answered in flush order: a batch is never answered before one of
+        # the same producer that came before it is durable.
+        self._outcomes: set[int] = set()  # flushes past that were answered or failed
+        self._answered_below = 0  # every flush below this was answered or failed
+        self._answered = anyio.Event()
+        self._failures = 0  # flushes failed so far
+        self._failures_at: dict[int, int] = {}  # seq -> _failures when it was made
+        self.on_failure: Callable[[], None] = lambda: None
+
+    # -- the object -------------------------------------------------------------------
+
+    def _object_key(self) -> str:
+        now = time.monotonic()
+        if (
+            not self._sequence
+            or self._sequence_files >= self._files_per_sequence
+            or now - self._sequence_opened >= self._sequence_seconds
+        ):
+            self._sequence = new_object_key("")
+            self._sequence_files = 0
+            self._sequence_opened = now
+            self.sequences.add(self._sequence)
+        n, self._sequence_files = self._sequence_files, self._sequence_files + 1
+        return journal_layer.object_key(self._sequence, n)
+
+    def _table(self, pending: list[PendingBatch]) -> bytes:
+        return encode_journal_table(
+            [
+                JournalBatch(
+                    b.topic_id,
+                    b.partition,
+                    b.start,
+                    b.length,
+                    b.last_offset_delta,
+                    b.max_timestamp,
+                    b.producer_id,
+                    b.producer_epoch,
+                    b.base_sequence,
+                    b.transactional,
+                )
+                for b in pending
+            ]
+        )
+
+    # -- answering and sequencing -----------------------------------------------------
+
+    def _prepare(self, items: list[Any], seq: int) -> _Flush:
+        self._failures_at[seq] = self._failures
+        return super()._prepare(items, seq)
+
+    def _hand_over(self, seq: int, flush: _Flush | None) -> None:
+        if flush is None:  # failed: its batches are answered with an error
+            self._failures += 1
+            self._failures_at.pop(seq, None)
+            self.on_failure()
+        super()._hand_over(seq, flush)
+        self._outcomes.add(seq)
+        while self._answered_below in self._outcomes:
+            self._outcomes.remove(self._answered_below)
+            self._answered_below += 1
+        self._answered.set()
+        self._answered = anyio.Event()
+
+    async def _after_upload(self, flush: _Flush) -> list[AppendResult]:
+        while self._answered_below < flush.seq:  # the flushes before it come first
+            await self._answered.wait()
+        failures_before = self._failures_at.pop(flush.seq)
+        took = anyio.current_time() - flush.started_at
+        if took > self._upload_limit_s:
+            # The sweep may have skipped this object's number by now: never answer it.
+            logger.warning("upload of %s took %.1f s: not answered with success", flush.key, took)
+            self.stats.failed_flushes += 1
+            self._hand_over(flush.seq, None)
+            return [AppendResult(ErrorCode.kafka_storage_error)] * len(flush.pending)
+        flush.data = b""  # in the cache and the store; only the batch list waits
+        for b in flush.pending:
+            self._unsequenced[b.topic_id, b.partition] += 1
+        self.journal_stats.backlog_objects += 1
+        self.journal_stats.backlog_bytes += flush.size
+        self._hand_over(flush.seq, flush)
+        if failures_before == self._failures:
+            return [UNKNOWN] * len(flush.pending)
+        # A flush made before it failed: an idempotent producer's batch here may follow
+        # one of its batches there, so it is answered OUT_OF_ORDER_SEQUENCE_NUMBER (the
+        # producer sends both again). Sequencing writes it only if it was in order after
+        # all; the producer's retry is then a duplicate.
+        return [
+            AppendResult(ErrorCode.out_of_order_sequence_number) if b.producer_id >= 0 else UNKNOWN
+            for b in flush.pending
+        ]
+
+    async def _commit(self, group: list[_Flush]) -> None:
+        """Sequence each flush in turn, retrying until the store takes it."""
+        for flush in group:
+            await self._sequence_flush(flush)
+
+    async def _sequence_flush(self, flush: _Flush) -> None:
+        parsed = journal_layer.parse_key(flush.key)
+        assert parsed is not None
+        sequence, n = parsed
+        size = flush.size
+        pause = RETRY_FIRST_S
+        if faults.misbehave(COMMIT_NEVER):
+            logger.warning(
+                "fault point %s (test-only): %s answered, never sequenced here",
+                COMMIT_NEVER,
+                flush.key,
+            )
+            return
+        while True:
+            txn = partial(
+                journal_layer.sequence_object,
+                sub=self._sub,
+                sequence=sequence,
+                n=n,
+                node_id=self._node_id(),
+                object_size=size,
+                now_ms=int(self._clock() * 1000),
+                batches=flush.pending,
+            )
+            try:
+                results = await self._kv.transact(txn)
+                break
+            except KVError as exc:  # the metadata store is unavailable: later
+                self.journal_stats.commit_retries += 1
+                logger.warning("sequencing %s failed, again in %.2f s: %s", flush.key, pause, exc)
+            except Exception:
+                self.journal_stats.commit_retries += 1
+                logger.exception("sequencing %s failed, again in %.2f s", flush.key, pause)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_S)
+        self.stats.commits += 1
+        if results is not None:
+            self.journal_stats.sequenced_objects += 1
+            _report_refusals(flush.key, flush.pending, results, self.journal_stats)
+        self.journal_stats.backlog_objects -= 1
+        self.journal_stats.backlog_bytes -= size
+        touched = set()
+        for b in flush.pending:
+            key = (b.topic_id, b.partition)
+            touched.add(key)
+            self._unsequenced[key] -= 1
+            if self._unsequenced[key] <= 0:
+                del self._unsequenced[key]
+        for key in touched:
+            self._notifier.notify(key)
+        self._sequenced.set()
+        self._sequenced = anyio.Event()
+
+    async def wait_sequenced(self, topic_id: bytes, partition: int) -> None:
+        """Return once no batch of the partition answered here waits to be sequenced
+        (a topic turned classic: its next batches must come after them)."""
+        while self._unsequenced.get((topic_id, partition)):
+            await self._sequenced.wait()
+
+
+def _report_refusals(
+    key: str, pending: list[PendingBatch], results: list[AppendResult], stats: JournalStats
+) -> None:
+    """A batch answered with success and refused at sequencing is lost: never expected
+    (the produce-time checks agree with sequencing), loud if it happens."""
+    for batch, result in zip(pending, results, strict=True):
+        if result.error != ErrorCode.none:
+            stats.refused_at_sequencing += 1
+            logger.error(
+                "journal object %s: a batch of producer %d on partition %d, answered with "
+                "success, was refused when sequenced: %s",
+                key,
+                batch.producer_id,
+                batch.partition,
+                result.error.name,
+            )
+
+
+# -- idempotent producers ---------------------------------------------------------------
+
+
+class ProducerSequences:
+    """The sequence rules of idempotent producers, checked when a lightning batch is
+    answered: against the batches answered before, here, for that producer and
+    partition, and at first sight against the metadata store."""
+
+    def __init__(self, kv: KV, sub: keys.Subspace, journal: JournalPipeline) -> None:
+        self._kv = kv
+        self._sub = sub
+        self._journal = journal
+        self._states: dict[tuple[int, bytes, int], producers.PartitionProducerState | None] = {}
+        self._identities: dict[int, producers.ProducerIdentity | None] = {}
+        journal.on_failure = self.forget
+
+    def forget(self) -> None:
+        """Drop what was answered: a flush failed, and its batches with it. Each state is
+        loaded again, once what was answered here is sequenced."""
+        self._states.clear()
+        self._identities.clear()
+
+    async def check(self, topic_id: bytes, partition: int, view: RecordBatchView) -> AppendResult:
+        """UNKNOWN (answer success, offset -1) and the batch recorded as answered, a
+        duplicate's UNKNOWN (nothing recorded: not to be written again), or an error."""
+        pid = view.producer_id
+        key = (pid, topic_id, partition)
+        if key not in self._states or (
+            (identity := self._identities.get(pid)) is not None
+            and view.producer_epoch > identity.epoch
+        ):
+            await self._load(key)
+        last_seq = producers.last_sequence_of(view.base_sequence, view.last_offset_delta)
+        check = producers.check_batch(
+            self._identities.get(pid),
+            self._states.get(key),
+            view.producer_epoch,
+            view.base_sequence,
+            last_seq,
+        )
+        if check.error != ErrorCode.none:
+            return AppendResult(check.error)
+        if check.duplicate_of is not None:
+            return AppendResult(ErrorCode.none, -1, -1, duplicate=True)
+        self._states[key] = producers.record_append(
+            self._states.get(key), view.producer_epoch, view.base_sequence, last_seq, -1
+        )
+        return UNKNOWN
+
+    async def _load(self, key: tuple[int, bytes, int]) -> None:
+        pid, topic_id, partition = key
+        # The metadata store knows every batch answered here once they are sequenced.
+        await self._journal.wait_sequenced(topic_id, partition)
+
+        def read(tr: Any) -> tuple[Any, Any]:
+            return (
+                producers.get_producer(tr, self._sub, pid),
+                producers.load_partition_state(tr, self._sub, pid, topic_id, partition),
+            )
+
+        identity, state = await self._kv.read(read)
+        self._identities[pid] = identity
+        if key not in self._states:  # else answered here meanwhile: that is newer
+            self._states[key] = state
+
+
+# -- the sweep ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    interval_ms: int = 10_000
+    # A sequence is another process's to finish once its newest object is this old.
+    idle_ms: int = 10_000
+    # An upload outliving this is not answered with success: a missing object n whose
+    # successor is older than this (plus the idle time) will never come.
+    upload_limit_ms: int = 30_000
+
+
+class JournalSweep:
+    """Sequences the journal objects no live process will sequence: those of sequences
+    whose writer died (or stopped committing) after answering them."""
+
+    def __init__(
+        self,
+        kv: KV,
+        sub: keys.Subspace,
+        store: ObjectStore,
+        notifier: Notifier,
+        pipeline: JournalPipeline,
+        node_id: Callable[[], int],
+        settings: SweepSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kv = kv
+        self._sub = sub
+        self._store = store
+        self._notifier = notifier
+        self._pipeline = pipeline
+        self._node_id = node_id
+        self.settings = settings
+        self._clock = clock
+        self.stats = pipeline.journal_stats
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.interval_ms / 1000)
+            try:
+                await self.sweep()
+            except (KVError, OSError) as exc:
+                logger.warning("journal sweep failed: %s", exc)
+            except Exception:
+                logger.exception("journal sweep failed")
+
+    async def sweep(self) -> int:
+        """One pass; the objects sequenced."""
+        now = self._clock()
+        node_id = self._node_id()
+        duration = int(max(3 * self.settings.interval_ms, 10_000))
+        claimed = await self._kv.transact(
+            lambda tr: leases.claim(tr, self._sub, "journal", node_id, int(now * 1000), duration)
+        )
+        if not claimed:
+            return 0
+        by_sequence: dict[str, dict[int, ObjectInfo]] = {}
+        for info in await self._store.list(journal_layer.PREFIX):
+            parsed = journal_layer.parse_key(info.key)
+            if parsed is not None and parsed[0] not in self._pipeline.sequences:
+                by_sequence.setdefault(parsed[0], {})[parsed[1]] = info
+        if not by_sequence:
+            return 0
+        nexts = await self._kv.read(
+            lambda tr: journal_layer.next_of_each(tr, self._sub, list(by_sequence))
+        )
+        done = 0
+        for sequence, objects in sorted(by_sequence.items()):
+            waiting = {n: info for n, info in objects.items() if n >= nexts[sequence]}
+            if not waiting:
+                continue
+            newest = max(info.last_modified for info in objects.values())
+            if now - newest < self.settings.idle_ms / 1000:
+                continue  # its writer may still be sequencing it
+            done += await self._finish(sequence, nexts[sequence], waiting, now)
+        return done
+
+    async def _finish(
+        self, sequence: str, next_n: int, waiting: dict[int, ObjectInfo], now: float
+    ) -> int:
+        """Sequence the waiting objects of one sequence in n order; a missing one is
+        skipped once no upload of it can still be answered."""
+        done = 0
+        hole_limit_s = (self.settings.upload_limit_ms + self.settings.idle_ms) / 1000
+        for n in sorted(waiting):
+            info = waiting[n]
+            if n > next_n and now - info.last_modified < hole_limit_s:
+                return done  # objects next_n..n-1 are missing; their uploads may still land
+            try:
+                table = await read_journal_table(self._store, info.key)
+            except IngestFileError as exc:
+                self.stats.unreadable_objects += 1
+                logger.error("journal object %s left in place, not sequenced: %s", info.key, exc)
+                return done
+            pending = [
+                PendingBatch(
+                    topic_id=b.topic_id,
+                    partition=b.partition,
+                    start=b.start,
+                    length=b.length,
+                    last_offset_delta=b.last_offset_delta,
+                    max_timestamp=b.max_timestamp,
+                    producer_id=b.producer_id,
+                    producer_epoch=b.producer_epoch,
+                    base_sequence=b.base_sequence,
+                    transactional=b.transactional,
+                )
+                for b in table
+            ]
+            txn = partial(
+                journal_layer.sequence_object,
+                sub=self._sub,
+                sequence=sequence,
+                n=n,
+                node_id=self._node_id(),
+                object_size=info.size,
+                now_ms=int(self._clock() * 1000),
+                batches=pending,
+            )
+            results = await self._kv.transact(txn)
+            if results is not None:
+                self.stats.swept_objects += 1
+                self.stats.skipped_holes += n - next_n
+                _report_refusals(info.key, pending, results, self.stats)
+                logger.info("journal sweep sequenced %s", info.key)
+                for key in {(b.topic_id, b.partition) for b in pending}:
+                    self._notifier.notify(key)
+                done += 1
+            next_n = n + 1
+        return done
