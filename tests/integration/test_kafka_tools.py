@@ -3,6 +3,7 @@ bucketlog: the Java AdminClient, producer and consumer as Kafka users first meet
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -26,6 +27,7 @@ from tests.integration.support import (
 pytestmark = pytest.mark.slow
 
 BASE_TS = 1_730_000_000_000
+LIGHTNING = {"bucketlog.topic.type": "lightning"}
 
 
 @pytest.fixture(scope="module")
@@ -465,3 +467,28 @@ def test_transactions_list_and_describe(bootstrap):
     (described,) = transactions("describe", "--transactional-id", txn_id)
     assert described["TransactionState"] == "CompleteCommit"
     assert described.get("TopicPartitions", "") == ""
+
+
+def test_the_java_producer_on_a_lightning_topic(bootstrap):
+    # Answered before offsets exist (broker/journal.py): the Java producer, idempotent by
+    # default, is told offset -1 for each record and nothing is lost, repeated or
+    # reordered.
+    topic = create_topic(bootstrap, unique_topic("tools-lightning"), 1, **LIGHTNING)
+    out = run_tool(
+        "kafka-verifiable-producer",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--max-messages",
+        "2000",
+        "--acks",
+        "-1",
+    ).stdout
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    acked = [e for e in events if e["name"] == "producer_send_success"]
+    assert len(acked) == 2000 and {e["offset"] for e in acked} == {-1}
+    assert not [e for e in events if e["name"] == "producer_send_error"]
+    read = consume_all(bootstrap, topic)
+    assert [r.value for r in read] == [str(i).encode() for i in range(2000)]
+    assert_dense(read)
