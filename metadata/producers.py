@@ -8,6 +8,7 @@ state. The rules, checked in this order inside the append transaction:
 2. same epoch, (first_seq, last_seq) of a cached batch  -> duplicate: the original offset
 3. same epoch, first_seq != last_seq + 1 (mod 2^31)     -> OUT_OF_ORDER_SEQUENCE_NUMBER
 4. newer epoch with first_seq != 0                      -> OUT_OF_ORDER_SEQUENCE_NUMBER
+5. no state for the partition yet and first_seq != 0     -> OUT_OF_ORDER_SEQUENCE_NUMBER
 A producer id this cluster never handed out            -> UNKNOWN_PRODUCER_ID
 """
 
@@ -111,6 +112,12 @@ def check_batch(
     if epoch < registered.epoch:
         return SequenceCheck(ErrorCode.invalid_producer_epoch)
     if state is None:
+        # Producer state is never dropped while its topic lives: none means no batch of
+        # this producer id was written here, so the first must be sequence 0 (as Kafka
+        # asks of transaction-v2 producers with no state). Taking a later one would write
+        # it past a gap, and a client seeing it succeed counts the missing one as written.
+        if first_seq != 0:
+            return SequenceCheck(ErrorCode.out_of_order_sequence_number)
         return SequenceCheck()
     if epoch < state.epoch:
         return SequenceCheck(ErrorCode.invalid_producer_epoch)

@@ -172,10 +172,18 @@ def test_unknown_producer_id(kv, topic):
 def test_sequence_wraps_at_int32_max(kv, topic):
     pid = new_producer(kv)
     top = 2**31 - 1
-    commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=top - 1)])
+    commit(kv, [batch(topic, 0, 0, top, pid=pid, epoch=0, seq=0)])  # sequences 0..top-1
     commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=top)], key="o2")
     (wrapped,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=0)], key="o3")
-    assert (wrapped.error, wrapped.base_offset) == (ErrorCode.none, 2)
+    assert (wrapped.error, wrapped.base_offset) == (ErrorCode.none, top + 1)
+
+
+def test_a_first_batch_must_be_sequence_zero(kv, topic):
+    pid = new_producer(kv)
+    (late,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=3)])
+    assert late.error == ErrorCode.out_of_order_sequence_number
+    (first,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=0)], key="o2")
+    assert (first.error, first.base_offset) == (ErrorCode.none, 0)
 
 
 def test_only_last_five_batches_are_remembered(kv, topic):
@@ -220,4 +228,31 @@ def test_expired_batches_are_refused_and_leave_no_trace(kv, topic):
         ("obj-late", 0, 100),
         ("obj-late", 200, 100),
         ("o2", 0, 100),
+    ]
+
+
+def test_after_a_refused_first_batch_a_later_one_must_wait_for_its_retry(kv, topic):
+    # No state for the producer yet: the batch after the refused one must not be taken
+    # past the gap (a client seeing it succeed would count the first as written, as
+    # librdkafka does).
+    pid = new_producer(kv)
+    (refused,) = kv.transact_sync(
+        lambda tr: log.commit_ingest(
+            tr, SUB, "o1", 10_000, 5, [batch(topic, 0, 0, 2, pid=pid, epoch=0, seq=0)], {0}
+        )
+    )
+    assert refused.error == ErrorCode.request_timed_out
+    (later,) = commit(kv, [batch(topic, 0, 0, 1, pid=pid, epoch=0, seq=2)], key="o2")
+    assert later.error == ErrorCode.out_of_order_sequence_number
+    retry, then = commit(
+        kv,
+        [
+            batch(topic, 0, 0, 2, pid=pid, epoch=0, seq=0),
+            batch(topic, 0, 100, 1, pid=pid, epoch=0, seq=2),
+        ],
+        key="o3",
+    )
+    assert [(r.error, r.base_offset) for r in (retry, then)] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 2),
     ]
