@@ -91,7 +91,6 @@ class Agent:
             sequence_seconds=config.journal_sequence_ms / 1000,
             upload_limit_ms=config.journal_upload_limit_ms,
         )
-        self.producer_sequences = ProducerSequences(kv, self.sub, self.journal)
         self.journal_sweep = JournalSweep(
             kv,
             self.sub,
@@ -104,6 +103,14 @@ class Agent:
                 idle_ms=config.journal_idle_ms,
                 upload_limit_ms=config.journal_upload_limit_ms,
             ),
+        )
+        self.producer_sequences = ProducerSequences(
+            kv,
+            self.sub,
+            self.journal,
+            live_view=lambda: tuple(a.node_id for a in self.live_agents()),
+            others_drained=self.journal_sweep.others_drained,
+            own_node_id=lambda: self.node_id,
         )
         self.node_id = -1
         self.cluster_id = ""

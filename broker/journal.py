@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -64,6 +64,11 @@ logger = logging.getLogger(__name__)
 COMMIT_NEVER = "journal.commit_never"
 
 UNKNOWN = AppendResult(ErrorCode.none, -1, -1)
+# After the agents' membership changed: how long the others may still answer for a
+# partition that moved (they re-read the live agents every 0.5 s), and how often the
+# journal is listed meanwhile.
+SETTLE_S = 1.5
+DRAIN_CHECK_S = 0.5
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 2.0
 
@@ -303,15 +308,59 @@ def _report_refusals(
 class ProducerSequences:
     """The sequence rules of idempotent producers, checked when a lightning batch is
     answered: against the batches answered before, here, for that producer and
-    partition, and at first sight against the metadata store."""
+    partition, and at first sight against the metadata store.
 
-    def __init__(self, kv: KV, sub: keys.Subspace, journal: JournalPipeline) -> None:
+    The metadata store is the truth about what other agents answered only once their
+    journal objects are sequenced. So after the agents' membership changes (partitions
+    move between agents), and when the agent starts, it answers idempotent lightning
+    batches NOT_LEADER_OR_FOLLOWER (retriable: the producer asks again) until every
+    other process's journal object in the store is sequenced, `SETTLE_S` after the
+    change at the earliest (the other agents learn of it by then and stop answering for
+    partitions they no longer lead). What it answered before is then loaded afresh."""
+
+    def __init__(
+        self,
+        kv: KV,
+        sub: keys.Subspace,
+        journal: JournalPipeline,
+        live_view: Callable[[], tuple[int, ...]] = lambda: (),
+        others_drained: Callable[[], Awaitable[bool]] | None = None,
+        own_node_id: Callable[[], int] = lambda: -1,
+    ) -> None:
         self._kv = kv
         self._sub = sub
         self._journal = journal
         self._states: dict[tuple[int, bytes, int], producers.PartitionProducerState | None] = {}
         self._identities: dict[int, producers.ProducerIdentity | None] = {}
         journal.on_failure = self.forget
+        self._live_view = live_view
+        self._others_drained = others_drained
+        self._own_node_id = own_node_id
+        self._view: tuple[int, ...] | None = None
+        self._view_changed_at = 0.0
+        self._settled = others_drained is None
+        self._next_drain_check = 0.0
+
+    async def settled(self) -> bool:
+        """Whether idempotent lightning batches may be answered now (see the class)."""
+        if self._others_drained is None:
+            return True
+        now = time.monotonic()
+        view = self._live_view()
+        if view != self._view:
+            self._view, self._view_changed_at, self._settled = view, now, False
+        if self._settled:
+            return True
+        alone = view == (self._own_node_id(),)
+        if (not alone and now - self._view_changed_at < SETTLE_S) or now < self._next_drain_check:
+            return False
+        self._next_drain_check = now + DRAIN_CHECK_S
+        if not await self._others_drained():
+            return False
+        if self._view == view:
+            self._settled = True
+            self.forget()
+        return self._settled
 
     def forget(self) -> None:
         """Drop what was answered: a flush failed, and its batches with it. Each state is
@@ -322,6 +371,8 @@ class ProducerSequences:
     async def check(self, topic_id: bytes, partition: int, view: RecordBatchView) -> AppendResult:
         """UNKNOWN (answer success, offset -1) and the batch recorded as answered, a
         duplicate's UNKNOWN (nothing recorded: not to be written again), or an error."""
+        if not await self.settled():
+            return AppendResult(ErrorCode.not_leader_or_follower)
         pid = view.producer_id
         key = (pid, topic_id, partition)
         if key not in self._states or (
@@ -400,10 +451,43 @@ class JournalSweep:
         self.settings = settings
         self._clock = clock
         self.stats = pipeline.journal_stats
+        self._poked = anyio.Event()
+
+    def poke(self) -> None:
+        """Run a pass now rather than at the next interval."""
+        self._poked.set()
+
+    async def others_drained(self) -> bool:
+        """Whether every journal object of another process in the store is sequenced
+        (or skipped); if not, a pass is asked for."""
+        nexts, by_sequence = await self._waiting_by_sequence()
+        waiting = any(max(objects) >= nexts[sequence] for sequence, objects in by_sequence.items())
+        if waiting:
+            self.poke()
+        return not waiting
+
+    async def _waiting_by_sequence(
+        self,
+    ) -> tuple[dict[str, int], dict[str, dict[int, ObjectInfo]]]:
+        """The objects of other processes' sequences in the store, and each sequence's
+        next number to sequence."""
+        by_sequence: dict[str, dict[int, ObjectInfo]] = {}
+        for info in await self._store.list(journal_layer.PREFIX):
+            parsed = journal_layer.parse_key(info.key)
+            if parsed is not None and parsed[0] not in self._pipeline.sequences:
+                by_sequence.setdefault(parsed[0], {})[parsed[1]] = info
+        if not by_sequence:
+            return {}, {}
+        nexts = await self._kv.read(
+            lambda tr: journal_layer.next_of_each(tr, self._sub, list(by_sequence))
+        )
+        return nexts, by_sequence
 
     async def run(self) -> None:
         while True:
-            await anyio.sleep(self.settings.interval_ms / 1000)
+            with anyio.move_on_after(self.settings.interval_ms / 1000):
+                await self._poked.wait()
+            self._poked = anyio.Event()
             try:
                 await self.sweep()
             except (KVError, OSError) as exc:
@@ -421,16 +505,7 @@ class JournalSweep:
         )
         if not claimed:
             return 0
-        by_sequence: dict[str, dict[int, ObjectInfo]] = {}
-        for info in await self._store.list(journal_layer.PREFIX):
-            parsed = journal_layer.parse_key(info.key)
-            if parsed is not None and parsed[0] not in self._pipeline.sequences:
-                by_sequence.setdefault(parsed[0], {})[parsed[1]] = info
-        if not by_sequence:
-            return 0
-        nexts = await self._kv.read(
-            lambda tr: journal_layer.next_of_each(tr, self._sub, list(by_sequence))
-        )
+        nexts, by_sequence = await self._waiting_by_sequence()
         done = 0
         for sequence, objects in sorted(by_sequence.items()):
             waiting = {n: info for n, info in objects.items() if n >= nexts[sequence]}

@@ -205,6 +205,13 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 (key, agent.pipeline.enqueue(topic_id, partition, data, view, deadline), deadline)
             )
             continue
+        if agent.leader_for(topic_id, partition) != agent.node_id:
+            # A lightning partition is answered by its leader alone: what one agent
+            # answered is sequenced before another answers for the partition.
+            answers[key] = _partition_answer(
+                partition, AppendResult(ErrorCode.not_leader_or_follower)
+            )
+            continue
         if view.is_transactional:
             answers[key] = _partition_answer(
                 partition,
