@@ -312,11 +312,13 @@ class ProducerSequences:
 
     The metadata store is the truth about what other agents answered only once their
     journal objects are sequenced. So after the agents' membership changes (partitions
-    move between agents), and when the agent starts, it answers idempotent lightning
-    batches NOT_LEADER_OR_FOLLOWER (retriable: the producer asks again) until every
-    other process's journal object in the store is sequenced, `SETTLE_S` after the
+    move between agents), and when the agent starts, it answers lightning batches
+    NOT_LEADER_OR_FOLLOWER (retriable: the producer asks again) until every other
+    process's journal object in the store is sequenced (`settled`), `SETTLE_S` after the
     change at the earliest (the other agents learn of it by then and stop answering for
-    partitions they no longer lead). What it answered before is then loaded afresh."""
+    partitions they no longer lead): a producer's batches answered here come after those
+    answered elsewhere, and an idempotent producer's are checked against them. What it
+    answered before is then loaded afresh."""
 
     def __init__(
         self,

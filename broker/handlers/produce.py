@@ -205,9 +205,12 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 (key, agent.pipeline.enqueue(topic_id, partition, data, view, deadline), deadline)
             )
             continue
-        if agent.leader_for(topic_id, partition) != agent.node_id:
-            # A lightning partition is answered by its leader alone: what one agent
-            # answered is sequenced before another answers for the partition.
+        if (
+            agent.leader_for(topic_id, partition) != agent.node_id
+            or not await agent.producer_sequences.settled()
+        ):
+            # A lightning partition is answered by its leader alone, and by a new leader
+            # only once what the others answered is sequenced: its batches come after.
             answers[key] = _partition_answer(
                 partition, AppendResult(ErrorCode.not_leader_or_follower)
             )

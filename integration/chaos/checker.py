@@ -63,7 +63,7 @@ class Ack:
     producer: str
     seq: int
     partition: int
-    offset: int
+    offset: int | None  # None: the answer named no offset (a lightning topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +211,12 @@ def check(
             where[(record.producer, record.seq)].append((record.partition, record.offset))
 
     for ack in acks:
-        there = at.get((ack.partition, ack.offset))
-        if there is None or (there.producer, there.seq) != (ack.producer, ack.seq):
+        if ack.offset is None:  # an acknowledgement without offset: anywhere in its partition
+            found = any(p == ack.partition for p, _o in where.get((ack.producer, ack.seq), ()))
+        else:
+            there = at.get((ack.partition, ack.offset))
+            found = there is not None and (there.producer, there.seq) == (ack.producer, ack.seq)
+        if not found:
             result.missing.append(Missing(ack, tuple(where.get((ack.producer, ack.seq), ()))))
 
     acked = {(ack.producer, ack.seq) for ack in acks}

@@ -54,7 +54,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: the repository root holds our packages
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from integration.chaos import checker, harness
@@ -78,9 +78,13 @@ class ChaosProducer(threading.Thread):
         value_bytes: int,
         flush_timeout_s: float,
         client_log_level: int,
+        offsets_known: bool = True,
     ) -> None:
         super().__init__(name=f"producer-{name}", daemon=True)
         self.producer_name = name
+        # False on a lightning topic: the answer's offset is -1 (librdkafka adds each
+        # record's index to it), so an acknowledgement names no offset.
+        self.offsets_known = offsets_known
         self.idempotent = idempotent
         self.topic = topic
         self.partitions = partitions
@@ -123,7 +127,8 @@ class ChaosProducer(threading.Thread):
                 self.fatal = str(err)
                 self.stopping.set()
             return
-        self.acks.append(Ack(self.producer_name, decoded[1], msg.partition(), msg.offset()))
+        offset = msg.offset() if self.offsets_known else None
+        self.acks.append(Ack(self.producer_name, decoded[1], msg.partition(), offset))
 
     def run(self) -> None:
         try:
@@ -166,10 +171,43 @@ class ChaosProducer(threading.Thread):
         }
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(
+    bootstrap: str, topic: str, partitions: int, configs: dict[str, str] | None = None
+) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions)])
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, config=dict(configs or {}))]
+    )
     futures[topic].result(30)
+
+
+def wait_for_sequencing(
+    bootstrap: str, topic: str, acks: list[Ack], timeout_s: float
+) -> float | None:
+    """Seconds until each partition's end offset reaches the number of distinct records
+    acknowledged in it (None: not within timeout_s)."""
+    wanted = Counter({(a.producer, a.seq): a.partition for a in acks}.values())
+    began = time.monotonic()
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"chaos-wait-{uuid.uuid4().hex[:8]}"}
+    )
+    try:
+        while time.monotonic() - began < timeout_s:
+            try:
+                ends = {
+                    p: consumer.get_watermark_offsets(
+                        TopicPartition(topic, p), timeout=10, cached=False
+                    )[1]
+                    for p in wanted
+                }
+            except KafkaException:  # asked again
+                ends = {}
+            if ends and all(ends[p] >= n for p, n in wanted.items()):
+                return time.monotonic() - began
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+    return None
 
 
 def read_back(
@@ -237,6 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rate", type=float, default=100.0, help="records a second per producer")
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument(
+        "--topic-config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a config of the topic created (repeat); bucketlog.topic.type=lightning runs "
+        "the scenario on a lightning topic, whose acknowledgements carry no offset",
+    )
     parser.add_argument("--kills", type=int, default=10, help="stop after this many kills")
     parser.add_argument("--interval-s", type=float, default=1.0, help="between two kills")
     parser.add_argument(
@@ -262,7 +308,9 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     rng = random.Random(seed)
     topic = f"chaos-kill-loop-{uuid.uuid4().hex[:8]}"
-    create_topic(agents.bootstrap, topic, args.partitions)
+    configs = dict(item.split("=", 1) for item in args.topic_config)
+    create_topic(agents.bootstrap, topic, args.partitions, configs)
+    offsets_known = configs.get("bucketlog.topic.type", "classic") != "lightning"
     producers = [
         ChaosProducer(
             f"{'idem' if i % 2 == 0 else 'plain'}{i}",
@@ -274,6 +322,7 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
             args.value_bytes,
             args.flush_timeout_s,
             args.client_log_level,
+            offsets_known,
         )
         for i in range(args.producers)
     ]
@@ -320,6 +369,14 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
         if producer.fatal:
             problems.append(f"producer {producer.producer_name}: fatal error {producer.fatal}")
 
+    sequenced_s = None
+    if not offsets_known:
+        # Answered before sequenced: read once every partition holds at least as many
+        # records as were acknowledged in it (a dead agent's are sequenced by the sweep).
+        acks = [ack for producer in producers for ack in producer.acks]
+        sequenced_s = wait_for_sequencing(agents.bootstrap, topic, acks, args.read_timeout_s)
+        if sequenced_s is None:
+            problems.append("the acknowledged records were not all sequenced in time")
     read_began = time.monotonic()
     records, ranges, complete = read_back(
         agents.bootstrap, topic, args.partitions, args.read_timeout_s
@@ -351,6 +408,7 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
         },
         "producers": [p.describe() for p in producers],
         "read_back": {
+            "sequenced_after_s": None if sequenced_s is None else round(sequenced_s, 1),
             "records": len(records),
             "seconds": round(read_s, 1),
             "complete": complete,
@@ -411,6 +469,7 @@ def main(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 "interval_s",
                 "seconds",
                 "settle_s",
+                "topic_config",
             )
         }
         report = {
