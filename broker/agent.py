@@ -40,6 +40,11 @@ TOPIC_CACHE_SECONDS = 1.0
 WATERMARK_POLL_SECONDS = 0.05
 LIVE_AGENTS_SECONDS = 0.5
 TRANSACTION_CHECK_SECONDS = 1.0
+# How often the other live agents' ports are tried: one that refuses a connection has no
+# process listening (killed, or stopped without deregistering) and is left out of the
+# agents this one names, long before its lease runs out (`peer_probe_loop`).
+PEER_PROBE_SECONDS = 0.25
+PEER_PROBE_TIMEOUT_SECONDS = 0.2
 
 
 def now_ms() -> int:
@@ -116,6 +121,7 @@ class Agent:
         self.cluster_id = ""
         self.live: list[AgentInfo] = []
         self._live_read_at = 0.0
+        self._refusing: set[tuple[int, str, int]] = set()  # (node id, host, port)
         self._lease_expires_ms = 0  # as last renewed, by this agent's clock
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
@@ -331,7 +337,26 @@ class Agent:
                     self.node_id, self.config.advertised, self.config.port, self.config.rack, 0
                 )
             ]
-        return self.live
+        if not self._refusing:
+            return self.live
+        return [a for a in self.live if (a.node_id, a.host, a.port) not in self._refusing]
+
+    async def peer_probe_loop(self) -> None:
+        """Try a connection to every other live agent's port each PEER_PROBE_SECONDS; an
+        agent whose port refuses it is left out of `live_agents` until it accepts one
+        again. A refusal says for certain that no process listens there; anything else
+        (a timeout, an unreachable host) is left to the lease."""
+        while True:
+            await anyio.sleep(PEER_PROBE_SECONDS)
+            refusing = set()
+            for peer in self.live:
+                if peer.node_id == self.node_id:
+                    continue
+                if await _refuses(peer.host, peer.port):
+                    refusing.add((peer.node_id, peer.host, peer.port))
+            for node_id, host, port in refusing - self._refusing:
+                logger.info("agent %d (%s:%d) refuses connections: left out", node_id, host, port)
+            self._refusing = refusing
 
     def coordinator_for(self, key: str) -> AgentInfo:
         """The agent that coordinates a group or transactional id (`broker.placement`)."""
@@ -340,3 +365,17 @@ class Agent:
     def leader_for(self, topic_id: bytes, partition: int) -> int:
         """Every agent accepts every partition; clients still want one leader each."""
         return placement.leader_for(topic_id, partition, self.live_agents()).node_id
+
+
+async def _refuses(host: str, port: int) -> bool:
+    try:
+        with anyio.fail_after(PEER_PROBE_TIMEOUT_SECONDS):
+            stream = await anyio.connect_tcp(host, port)
+    except TimeoutError:
+        return False
+    except OSError as exc:  # anyio gives the refusal as the cause of its own error
+        return isinstance(exc, ConnectionRefusedError) or isinstance(
+            exc.__cause__, ConnectionRefusedError
+        )
+    await stream.aclose()
+    return False
