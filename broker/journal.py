@@ -453,20 +453,33 @@ class JournalSweep:
         self.settings = settings
         self._clock = clock
         self.stats = pipeline.journal_stats
-        self._poked = anyio.Event()
-
-    def poke(self) -> None:
-        """Run a pass now rather than at the next interval."""
-        self._poked.set()
 
     async def others_drained(self) -> bool:
         """Whether every journal object of another process in the store is sequenced
-        (or skipped); if not, a pass is asked for."""
+        (or skipped). An agent that waits for this finishes the idle sequences itself,
+        without the sweep's lease (whose holder may be the agent that died): sequencing
+        an object twice changes nothing, so two agents doing it is only work done
+        twice. Sequences still written to are left to their writers."""
         nexts, by_sequence = await self._waiting_by_sequence()
-        waiting = any(max(objects) >= nexts[sequence] for sequence, objects in by_sequence.items())
-        if waiting:
-            self.poke()
-        return not waiting
+        await self._finish_idle(nexts, by_sequence)
+        nexts, by_sequence = await self._waiting_by_sequence()
+        return not any(max(objects) >= nexts[sequence] for sequence, objects in by_sequence.items())
+
+    async def _finish_idle(
+        self, nexts: dict[str, int], by_sequence: dict[str, dict[int, ObjectInfo]]
+    ) -> int:
+        """Sequence what waits in the sequences with no new object for the idle time."""
+        now = self._clock()
+        done = 0
+        for sequence, objects in sorted(by_sequence.items()):
+            waiting = {n: info for n, info in objects.items() if n >= nexts[sequence]}
+            if not waiting:
+                continue
+            newest = max(info.last_modified for info in objects.values())
+            if now - newest < self.settings.idle_ms / 1000:
+                continue  # its writer may still be sequencing it
+            done += await self._finish(sequence, nexts[sequence], waiting, now)
+        return done
 
     async def _waiting_by_sequence(
         self,
@@ -487,9 +500,7 @@ class JournalSweep:
 
     async def run(self) -> None:
         while True:
-            with anyio.move_on_after(self.settings.interval_ms / 1000):
-                await self._poked.wait()
-            self._poked = anyio.Event()
+            await anyio.sleep(self.settings.interval_ms / 1000)
             try:
                 await self.sweep()
             except (KVError, OSError) as exc:
@@ -501,23 +512,14 @@ class JournalSweep:
         """One pass; the objects sequenced."""
         now = self._clock()
         node_id = self._node_id()
-        duration = int(max(3 * self.settings.interval_ms, 10_000))
+        duration = 3 * self.settings.interval_ms
         claimed = await self._kv.transact(
             lambda tr: leases.claim(tr, self._sub, "journal", node_id, int(now * 1000), duration)
         )
         if not claimed:
             return 0
         nexts, by_sequence = await self._waiting_by_sequence()
-        done = 0
-        for sequence, objects in sorted(by_sequence.items()):
-            waiting = {n: info for n, info in objects.items() if n >= nexts[sequence]}
-            if not waiting:
-                continue
-            newest = max(info.last_modified for info in objects.values())
-            if now - newest < self.settings.idle_ms / 1000:
-                continue  # its writer may still be sequencing it
-            done += await self._finish(sequence, nexts[sequence], waiting, now)
-        return done
+        return await self._finish_idle(nexts, by_sequence)
 
     async def _finish(
         self, sequence: str, next_n: int, waiting: dict[int, ObjectInfo], now: float

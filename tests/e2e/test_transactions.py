@@ -12,6 +12,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.brokerproc import BrokerProcess, free_ports
 
+# Transaction semantics are the coordinator's and the metadata store's: the S3 store is
+# covered by the compaction, cleaning and lifecycle tests of aborted transactions.
+pytestmark = pytest.mark.store_independent
+
 
 @pytest.fixture(scope="module")
 def txn_broker(tmp_path_factory):
