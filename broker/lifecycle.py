@@ -19,6 +19,8 @@ Rules:
   writes that are older than `orphan_min_age_ms` and that no metadata names are deleted
   (uploads whose commit never came). The produce pipeline never commits an object older
   than half that age, so an object the sweep deletes can never be committed afterwards.
+  A journal object (lightning topics) is an orphan only once its sequence has passed its
+  number: one still waiting to be sequenced holds answered records.
 - Nothing referenced is ever deleted: only queued objects and orphans are.
 """
 
@@ -36,9 +38,11 @@ from broker import faults
 from broker.compaction import OUTPUT_PREFIX
 from broker.context import JobAgent
 from broker.topic_configs import cleanup_policies
+from metadata import journal as journal_layer
 from metadata import leases
 from metadata import lifecycle as lifecycle_layer
 from metadata import topics as topics_layer
+from storage.objectstore import ObjectInfo
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +253,28 @@ class Lifecycle:
 
     # -- orphans ------------------------------------------------------------------------
 
+    async def _done_journal_objects(self, cutoff: float) -> list[ObjectInfo]:
+        """The journal objects older than `cutoff` whose number their sequence has passed
+        (sequenced, or skipped as never answered with success). The others wait to be
+        sequenced (broker.journal): answered records, never orphans, however old."""
+        agent = self._agent
+        listed = [
+            (info, parsed)
+            for info in await agent.store.list(journal_layer.PREFIX)
+            if info.last_modified < cutoff
+            and (parsed := journal_layer.parse_key(info.key)) is not None
+        ]
+        if not listed:
+            return []
+        nexts = await agent.kv.read(
+            partial(
+                journal_layer.next_of_each,
+                sub=agent.sub,
+                sequences={sequence for _info, (sequence, _n) in listed},
+            )
+        )
+        return [info for info, (sequence, n) in listed if n < nexts[sequence]]
+
     async def orphan_sweep(self) -> int:
         """Delete the old objects that no metadata names; the orphans deleted."""
         agent = self._agent
@@ -261,6 +287,7 @@ class Lifecycle:
             for info in await agent.store.list(prefix)
             if info.last_modified < cutoff
         ]
+        old.extend(await self._done_journal_objects(cutoff))
         found = 0
         for i in range(0, len(old), SWEEP_BATCH):
             batch = old[i : i + SWEEP_BATCH]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.lifecycle import Lifecycle, LifecycleSettings
-from metadata import keys, log, topics
+from metadata import journal, keys, log, topics
 from metadata.sqlite_kv import SQLiteKV
 from protocol.records import build_batch, iter_batches
 from storage.ingest import encode_ingest_file
@@ -149,3 +149,19 @@ async def test_a_failed_listing_ends_the_sweep_and_the_next_sweep_deletes_the_or
     assert store.deleted == ["ingest/orphan"]
     assert lifecycle.stats["orphans_deleted"] == 1
     assert store.get_sync("ingest/named")
+
+
+async def test_a_journal_object_waiting_to_be_sequenced_is_never_an_orphan(setup):
+    kv, store, topic = setup
+    # Sequence S: object 0 skipped (never answered), object 1 sequenced, 2 and 3 waiting.
+    for n in range(4):
+        store.put_sync(journal.object_key("S", n), b"journal object %d" % n, if_absent=True)
+    batch = log.PendingBatch(topic.topic_id, 0, 8, 10, 0, 1000, -1, -1, -1)
+    kv.transact_sync(lambda tr: journal.sequence_object(tr, SUB, "S", 1, 1, 30, 5, [batch]))
+    later = int(time.time() * 1000) + 2 * 3_600_000
+    lifecycle = Lifecycle(_Agent(kv, store), LifecycleSettings(), clock=lambda: later)
+    # Object 1 is named by its entry; 0 is a skipped number's late upload: the only orphan.
+    assert await lifecycle.orphan_sweep() == 1
+    assert store.deleted == [journal.object_key("S", 0)]
+    for n in (1, 2, 3):
+        assert store.get_sync(journal.object_key("S", n))
