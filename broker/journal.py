@@ -32,7 +32,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -50,7 +50,6 @@ from protocol.records import RecordBatchView
 from storage.cache import ObjectCache
 from storage.ingest import (
     IngestFileError,
-    JournalBatch,
     encode_journal_table,
     new_object_key,
     read_journal_table,
@@ -154,23 +153,7 @@ class JournalPipeline(IngestPipeline):
         return journal_layer.object_key(self._sequence, n)
 
     def _table(self, pending: list[PendingBatch]) -> bytes:
-        return encode_journal_table(
-            [
-                JournalBatch(
-                    b.topic_id,
-                    b.partition,
-                    b.start,
-                    b.length,
-                    b.last_offset_delta,
-                    b.max_timestamp,
-                    b.producer_id,
-                    b.producer_epoch,
-                    b.base_sequence,
-                    b.transactional,
-                )
-                for b in pending
-            ]
-        )
+        return encode_journal_table(pending)
 
     # -- answering and sequencing -----------------------------------------------------
 
@@ -461,8 +444,8 @@ class JournalSweep:
         an object twice changes nothing, so two agents doing it is only work done
         twice. Sequences still written to are left to their writers."""
         nexts, by_sequence = await self._waiting_by_sequence()
-        await self._finish_idle(nexts, by_sequence)
-        nexts, by_sequence = await self._waiting_by_sequence()
+        if await self._finish_idle(nexts, by_sequence):
+            nexts, by_sequence = await self._waiting_by_sequence()
         return not any(max(objects) >= nexts[sequence] for sequence, objects in by_sequence.items())
 
     async def _finish_idle(
@@ -538,21 +521,8 @@ class JournalSweep:
                 self.stats.unreadable_objects += 1
                 logger.error("journal object %s left in place, not sequenced: %s", info.key, exc)
                 return done
-            pending = [
-                PendingBatch(
-                    topic_id=b.topic_id,
-                    partition=b.partition,
-                    start=b.start,
-                    length=b.length,
-                    last_offset_delta=b.last_offset_delta,
-                    max_timestamp=b.max_timestamp,
-                    producer_id=b.producer_id,
-                    producer_epoch=b.producer_epoch,
-                    base_sequence=b.base_sequence,
-                    transactional=b.transactional,
-                )
-                for b in table
-            ]
+            # The table holds a pending batch's fields under the same names.
+            pending = [PendingBatch(**asdict(b)) for b in table]
             txn = partial(
                 journal_layer.sequence_object,
                 sub=self._sub,

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import crc32c
 
@@ -208,7 +209,33 @@ class JournalBatch:
     transactional: bool
 
 
-def encode_journal_table(batches: Sequence[JournalBatch]) -> bytes:
+class BatchFields(Protocol):
+    """What the table records of a batch: JournalBatch, or any batch with the same
+    fields (metadata.log.PendingBatch)."""
+
+    @property
+    def topic_id(self) -> bytes: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def last_offset_delta(self) -> int: ...
+    @property
+    def max_timestamp(self) -> int: ...
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+    @property
+    def base_sequence(self) -> int: ...
+    @property
+    def transactional(self) -> bool: ...
+
+
+def encode_journal_table(batches: Sequence[BatchFields]) -> bytes:
     table = b"".join(
         _JOURNAL_ENTRY.pack(
             b.topic_id,
