@@ -79,6 +79,11 @@ class JournalStats:
     skipped_holes: int = 0
     commit_retries: int = 0
     refused_at_sequencing: int = 0  # answered with success, refused when sequenced
+    # Refused when sequenced: answered with an error, or swept (its answer not known).
+    refused_unanswered: int = 0
+    # Idempotent batches ahead of the sequences known here, answered with a retriable
+    # error (ProducerSequences.check).
+    ahead_of_known: int = 0
     unreadable_objects: int = 0
     backlog_objects: int = 0  # answered, not yet sequenced (this agent's)
     backlog_bytes: int = 0
@@ -134,6 +139,9 @@ class JournalPipeline(IngestPipeline):
         self._answered = anyio.Event()
         self._failures = 0  # flushes failed so far
         self._failures_at: dict[int, int] = {}  # seq -> _failures when it was made
+        # Object key -> the batches of it answered with an error (still sequenced: a
+        # refusal of those is expected).
+        self._answered_with_error: dict[str, set[int]] = {}
         self.on_failure: Callable[[], None] = lambda: None
 
     # -- the object -------------------------------------------------------------------
@@ -194,11 +202,16 @@ class JournalPipeline(IngestPipeline):
         if failures_before == self._failures:
             return [UNKNOWN] * len(flush.pending)
         # A flush made before it failed: an idempotent producer's batch here may follow
-        # one of its batches there, so it is answered OUT_OF_ORDER_SEQUENCE_NUMBER (the
-        # producer sends both again). Sequencing writes it only if it was in order after
-        # all; the producer's retry is then a duplicate.
+        # one of its batches there, which sequencing would then refuse. It is answered
+        # with the failed flush's retriable error, and the producer sends both again, in
+        # order and under the same epoch: if sequencing wrote it after all (it was in
+        # order), the retry is a duplicate. (OUT_OF_ORDER_SEQUENCE_NUMBER would make the
+        # producer send them under a new epoch, which no duplicate check can match.)
+        self._answered_with_error[flush.key] = {
+            i for i, b in enumerate(flush.pending) if b.producer_id >= 0
+        }
         return [
-            AppendResult(ErrorCode.out_of_order_sequence_number) if b.producer_id >= 0 else UNKNOWN
+            AppendResult(ErrorCode.kafka_storage_error) if b.producer_id >= 0 else UNKNOWN
             for b in flush.pending
         ]
 
@@ -243,9 +256,12 @@ class JournalPipeline(IngestPipeline):
             await anyio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
         self.stats.commits += 1
+        answered_with_error = self._answered_with_error.pop(flush.key, set())
         if results is not None:
             self.journal_stats.sequenced_objects += 1
-            _report_refusals(flush.key, flush.pending, results, self.journal_stats)
+            _report_refusals(
+                flush.key, flush.pending, results, self.journal_stats, answered_with_error
+            )
         self.journal_stats.backlog_objects -= 1
         self.journal_stats.backlog_bytes -= size
         touched = set()
@@ -268,21 +284,51 @@ class JournalPipeline(IngestPipeline):
 
 
 def _report_refusals(
-    key: str, pending: list[PendingBatch], results: list[AppendResult], stats: JournalStats
+    key: str,
+    pending: list[PendingBatch],
+    results: list[AppendResult],
+    stats: JournalStats,
+    not_answered: set[int] | None,
 ) -> None:
     """A batch answered with success and refused at sequencing is lost: never expected
-    (the produce-time checks agree with sequencing), loud if it happens."""
-    for batch, result in zip(pending, results, strict=True):
-        if result.error != ErrorCode.none:
-            stats.refused_at_sequencing += 1
-            logger.error(
+    (the produce-time checks agree with sequencing), loud if it happens. One answered
+    with an error, or never answered (`not_answered` None: the sweep does not know which
+    its writer answered), may be refused: its producer sends it again."""
+    for i, (batch, result) in enumerate(zip(pending, results, strict=True)):
+        if result.error == ErrorCode.none:
+            continue
+        if not_answered is not None and i in not_answered:
+            stats.refused_unanswered += 1
+            logger.info(
                 "journal object %s: a batch of producer %d on partition %d, answered with "
-                "success, was refused when sequenced: %s",
+                "an error, was refused when sequenced: %s",
                 key,
                 batch.producer_id,
                 batch.partition,
                 result.error.name,
             )
+            continue
+        if not_answered is None:  # its writer's answer is not known here
+            stats.refused_unanswered += 1
+            logger.warning(
+                "journal object %s: a batch of producer %d on partition %d was refused "
+                "when sequenced: %s (expected if its writer did not answer it with "
+                "success, and the producer sent it again elsewhere)",
+                key,
+                batch.producer_id,
+                batch.partition,
+                result.error.name,
+            )
+            continue
+        stats.refused_at_sequencing += 1
+        logger.error(
+            "journal object %s: a batch of producer %d on partition %d, answered with "
+            "success, was refused when sequenced: %s",
+            key,
+            batch.producer_id,
+            batch.partition,
+            result.error.name,
+        )
 
 
 # -- idempotent producers ---------------------------------------------------------------
@@ -366,13 +412,29 @@ class ProducerSequences:
         ):
             await self._load(key)
         last_seq = producers.last_sequence_of(view.base_sequence, view.last_offset_delta)
-        check = producers.check_batch(
+        check = self._check(key, view, last_seq)
+        if check.error == ErrorCode.out_of_order_sequence_number and _ahead(
             self._identities.get(pid),
             self._states.get(key),
             view.producer_epoch,
             view.base_sequence,
-            last_seq,
-        )
+        ):
+            # Ahead of what is known here: the batches between may have been answered
+            # by another agent and not be sequenced yet. Known afresh, if still ahead,
+            # answered with a retriable error: OUT_OF_ORDER_SEQUENCE_NUMBER would make
+            # the producer send its unanswered batches again under a new epoch, and any
+            # of them already written would be written twice.
+            self._states.pop(key, None)
+            await self._load(key)
+            check = self._check(key, view, last_seq)
+            if check.error == ErrorCode.out_of_order_sequence_number and _ahead(
+                self._identities.get(pid),
+                self._states.get(key),
+                view.producer_epoch,
+                view.base_sequence,
+            ):
+                self._journal.journal_stats.ahead_of_known += 1
+                return AppendResult(ErrorCode.not_leader_or_follower)
         if check.error != ErrorCode.none:
             return AppendResult(check.error)
         if check.duplicate_of is not None:
@@ -381,6 +443,17 @@ class ProducerSequences:
             self._states.get(key), view.producer_epoch, view.base_sequence, last_seq, -1
         )
         return UNKNOWN
+
+    def _check(
+        self, key: tuple[int, bytes, int], view: RecordBatchView, last_seq: int
+    ) -> producers.SequenceCheck:
+        return producers.check_batch(
+            self._identities.get(key[0]),
+            self._states.get(key),
+            view.producer_epoch,
+            view.base_sequence,
+            last_seq,
+        )
 
     async def _load(self, key: tuple[int, bytes, int]) -> None:
         pid, topic_id, partition = key
@@ -397,6 +470,23 @@ class ProducerSequences:
         self._identities[pid] = identity
         if key not in self._states:  # else answered here meanwhile: that is newer
             self._states[key] = state
+
+
+def _ahead(
+    identity: producers.ProducerIdentity | None,
+    state: producers.PartitionProducerState | None,
+    epoch: int,
+    first_seq: int,
+) -> bool:
+    """Whether a batch out of order against `state` starts past its next sequence: the
+    batches missing in between may exist elsewhere (a batch too old, or of an epoch the
+    producer was never given, is out of order whatever was answered elsewhere)."""
+    if identity is None or epoch > identity.epoch:
+        return False
+    if state is None or epoch != state.epoch:
+        return True
+    distance = (first_seq - state.last_sequence - 1) % (producers.INT32_MAX + 1)
+    return 0 < distance <= producers.INT32_MAX // 2
 
 
 # -- the sweep ----------------------------------------------------------------------------
@@ -537,7 +627,7 @@ class JournalSweep:
             if results is not None:
                 self.stats.swept_objects += 1
                 self.stats.skipped_holes += n - next_n
-                _report_refusals(info.key, pending, results, self.stats)
+                _report_refusals(info.key, pending, results, self.stats, None)
                 logger.info("journal sweep sequenced %s", info.key)
                 for key in {(b.topic_id, b.partition) for b in pending}:
                     self._notifier.notify(key)

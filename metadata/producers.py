@@ -22,7 +22,7 @@ from metadata import keys
 from metadata.kv import ReadTransaction, Transaction
 
 MAX_CACHED_BATCHES = 5
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +84,12 @@ def store_partition_state(
 
 
 def in_sequence(last_seq: int, next_seq: int) -> bool:
-    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == _INT32_MAX)
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
 
 
 def last_sequence_of(base_sequence: int, last_offset_delta: int) -> int:
     """The sequence of a batch's last record; sequences wrap at 2^31."""
-    return (base_sequence + last_offset_delta) % (_INT32_MAX + 1)
+    return (base_sequence + last_offset_delta) % (INT32_MAX + 1)
 
 
 @dataclass(frozen=True, slots=True)
