@@ -45,6 +45,9 @@ TRANSACTION_CHECK_SECONDS = 1.0
 # agents this one names, long before its lease runs out (`peer_probe_loop`).
 PEER_PROBE_SECONDS = 0.25
 PEER_PROBE_TIMEOUT_SECONDS = 0.2
+# How recent the view of the live agents must be for lightning partitions to be answered
+# (Agent.view_fresh); below broker.journal.SETTLE_S.
+VIEW_FRESH_SECONDS = 1.0
 
 
 def now_ms() -> int:
@@ -116,12 +119,14 @@ class Agent:
             live_view=lambda: tuple(a.node_id for a in self.live_agents()),
             others_drained=self.journal_sweep.others_drained,
             own_node_id=lambda: self.node_id,
+            view_fresh=self.view_fresh,
         )
         self.node_id = -1
         self.cluster_id = ""
         self.live: list[AgentInfo] = []
         self._live_read_at = 0.0
         self._refusing: set[tuple[int, str, int]] = set()  # (node id, host, port)
+        self._probed_at = 0.0  # time.monotonic() when the last full probe round began
         self._lease_expires_ms = 0  # as last renewed, by this agent's clock
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
@@ -348,6 +353,7 @@ class Agent:
         (a timeout, an unreachable host) is left to the lease."""
         while True:
             await anyio.sleep(PEER_PROBE_SECONDS)
+            began = time.monotonic()
             refusing = set()
             for peer in self.live:
                 if peer.node_id == self.node_id:
@@ -357,6 +363,16 @@ class Agent:
             for node_id, host, port in refusing - self._refusing:
                 logger.info("agent %d (%s:%d) refuses connections: left out", node_id, host, port)
             self._refusing = refusing
+            self._probed_at = began
+
+    def view_fresh(self) -> bool:
+        """Whether the live agents were read from the store, and every peer probed,
+        within VIEW_FRESH_SECONDS: a change of membership older than that is known here.
+        Lightning partitions are answered only while it holds (broker.journal), so that
+        an agent slow to learn of a change stops answering for the partitions that
+        moved before their new leader begins (SETTLE_S later)."""
+        oldest = min(self._live_read_at, self._probed_at)
+        return time.monotonic() - oldest < VIEW_FRESH_SECONDS
 
     def coordinator_for(self, key: str) -> AgentInfo:
         """The agent that coordinates a group or transactional id (`broker.placement`)."""

@@ -56,6 +56,7 @@ class _Queued:
     view: RecordBatchView
     promise: Promise[AppendResult]
     deadline: float | None  # time.monotonic() after which it must not be committed
+    accepted_at: float = 0.0  # time.monotonic() when it was queued
 
 
 @dataclass(slots=True, eq=False)
@@ -148,7 +149,9 @@ class IngestPipeline:
         if not self._buffer:
             self._oldest = anyio.current_time()
             self._arrived.set()
-        self._buffer.append(_Queued(topic_id, partition, data, view, promise, deadline))
+        self._buffer.append(
+            _Queued(topic_id, partition, data, view, promise, deadline, time.monotonic())
+        )
         self._buffered_bytes += len(data)
         if self._buffered_bytes >= self._flush_bytes:
             self._full.set()

@@ -84,6 +84,9 @@ class JournalStats:
     # Idempotent batches ahead of the sequences known here, answered with a retriable
     # error (ProducerSequences.check).
     ahead_of_known: int = 0
+    # Uploaded batches answered NOT_LEADER_OR_FOLLOWER: the agents' membership changed,
+    # or was not confirmed lately, since they were accepted.
+    answers_withheld: int = 0
     unreadable_objects: int = 0
     backlog_objects: int = 0  # answered, not yet sequenced (this agent's)
     backlog_bytes: int = 0
@@ -143,6 +146,11 @@ class JournalPipeline(IngestPipeline):
         # refusal of those is expected).
         self._answered_with_error: dict[str, set[int]] = {}
         self.on_failure: Callable[[], None] = lambda: None
+        # seq -> time.monotonic() when its first batch was accepted
+        self._accepted_from: dict[int, float] = {}
+        # Whether batches accepted since the given time.monotonic() may be answered now
+        # (ProducerSequences.stable_since): not once the partitions may have moved.
+        self.may_answer: Callable[[float], bool] = lambda accepted_from: True
 
     # -- the object -------------------------------------------------------------------
 
@@ -167,12 +175,14 @@ class JournalPipeline(IngestPipeline):
 
     def _prepare(self, items: list[Any], seq: int) -> _Flush:
         self._failures_at[seq] = self._failures
+        self._accepted_from[seq] = min(item.accepted_at for item in items)
         return super()._prepare(items, seq)
 
     def _hand_over(self, seq: int, flush: _Flush | None) -> None:
         if flush is None:  # failed: its batches are answered with an error
             self._failures += 1
             self._failures_at.pop(seq, None)
+            self._accepted_from.pop(seq, None)
             self.on_failure()
         super()._hand_over(seq, flush)
         self._outcomes.add(seq)
@@ -186,6 +196,7 @@ class JournalPipeline(IngestPipeline):
         while self._answered_below < flush.seq:  # the flushes before it come first
             await self._answered.wait()
         failures_before = self._failures_at.pop(flush.seq)
+        accepted_from = self._accepted_from.pop(flush.seq)
         took = anyio.current_time() - flush.started_at
         if took > self._upload_limit_s:
             # The sweep may have skipped this object's number by now: never answer it.
@@ -199,6 +210,13 @@ class JournalPipeline(IngestPipeline):
         self.journal_stats.backlog_objects += 1
         self.journal_stats.backlog_bytes += flush.size
         self._hand_over(flush.seq, flush)
+        if not self.may_answer(accepted_from):
+            # The partitions may have moved since its batches were accepted: another
+            # agent may be answering for them already, and these would be sequenced
+            # after its. Still sequenced: a producer's retry is then a duplicate.
+            self.journal_stats.answers_withheld += len(flush.pending)
+            self._answered_with_error[flush.key] = set(range(len(flush.pending)))
+            return [AppendResult(ErrorCode.not_leader_or_follower)] * len(flush.pending)
         if failures_before == self._failures:
             return [UNKNOWN] * len(flush.pending)
         # A flush made before it failed: an idempotent producer's batch here may follow
@@ -357,6 +375,7 @@ class ProducerSequences:
         live_view: Callable[[], tuple[int, ...]] = lambda: (),
         others_drained: Callable[[], Awaitable[bool]] | None = None,
         own_node_id: Callable[[], int] = lambda: -1,
+        view_fresh: Callable[[], bool] = lambda: True,
     ) -> None:
         self._kv = kv
         self._sub = sub
@@ -367,19 +386,35 @@ class ProducerSequences:
         self._live_view = live_view
         self._others_drained = others_drained
         self._own_node_id = own_node_id
+        self._view_fresh = view_fresh
+        journal.may_answer = self.stable_since
         self._view: tuple[int, ...] | None = None
         self._view_changed_at = 0.0
         self._settled = others_drained is None
         self._next_drain_check = 0.0
 
-    async def settled(self) -> bool:
-        """Whether idempotent lightning batches may be answered now (see the class)."""
-        if self._others_drained is None:
-            return True
-        now = time.monotonic()
+    def _observe_view(self, now: float) -> tuple[int, ...]:
         view = self._live_view()
         if view != self._view:
             self._view, self._view_changed_at, self._settled = view, now, False
+        return view
+
+    def stable_since(self, accepted_from: float) -> bool:
+        """Whether batches accepted since `accepted_from` (time.monotonic()) may be
+        answered now: the agent's view of its peers is confirmed and unchanged since."""
+        if self._others_drained is None:
+            return True
+        self._observe_view(time.monotonic())
+        return self._view_fresh() and self._view_changed_at <= accepted_from
+
+    async def settled(self) -> bool:
+        """Whether lightning batches may be answered now (see the class)."""
+        if self._others_drained is None:
+            return True
+        now = time.monotonic()
+        view = self._observe_view(now)
+        if not self._view_fresh():
+            return False
         if self._settled:
             return True
         alone = view == (self._own_node_id(),)
