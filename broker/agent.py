@@ -25,6 +25,7 @@ from broker.journal import JournalPipeline, JournalSweep, ProducerSequences, Swe
 from broker.lifecycle import Lifecycle, LifecycleSettings
 from broker.memory import RequestMemory
 from broker.readahead import ReadAhead
+from broker.ripcord import Snapshot
 from broker.sync import Notifier
 from metadata import cluster, keys, topics
 from metadata import log as log_layer
@@ -120,6 +121,7 @@ class Agent:
             others_drained=self.journal_sweep.others_drained,
             own_node_id=lambda: self.node_id,
             view_fresh=self.view_fresh,
+            outage=self.in_outage,
         )
         self.node_id = -1
         self.cluster_id = ""
@@ -127,6 +129,9 @@ class Agent:
         self._live_read_at = 0.0
         self._refusing: set[tuple[int, str, int]] = set()  # (node id, host, port)
         self._probed_at = 0.0  # time.monotonic() when the last full probe round began
+        # False while the metadata store is unreachable (a lease renewal failed); with
+        # --ripcord the agent then answers from what it remembers (broker.ripcord).
+        self.metadata_reachable = True
         self._lease_expires_ms = 0  # as last renewed, by this agent's clock
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
@@ -207,7 +212,19 @@ class Agent:
             )
             return node_id, cluster.live_agents(tr, self.sub, now), now
 
-        self.node_id, live, renewed_ms = await self.kv.transact(txn)
+        try:
+            self.node_id, live, renewed_ms = await self.kv.transact(txn)
+        except KVError:
+            if self.metadata_reachable:
+                self.metadata_reachable = False
+                logger.warning(
+                    "metadata store unreachable%s",
+                    ": produces go to the journal (Ripcord)" if cfg.ripcord else "",
+                )
+            raise
+        if not self.metadata_reachable:
+            self.metadata_reachable = True
+            logger.info("metadata store reachable again")
         if 0 < self._lease_expires_ms < renewed_ms:
             logger.warning(
                 "lease renewed %d ms after it ran out: the other agents saw this one gone"
@@ -287,14 +304,30 @@ class Agent:
 
     # -- topics ----------------------------------------------------------------------
 
+    def _remembered(self, cached: _CachedTopic | None) -> bool:
+        """Whether a cached entry, however old, is to be used instead of the store: in
+        Ripcord mode, while the store is unreachable."""
+        return cached is not None and self.config.ripcord and not self.metadata_reachable
+
     async def topic(self, name: str, *, fresh: bool = False) -> topics.Topic | None:
         cached = self._topics_by_name.get(name)
         clock = time.monotonic()
         if not fresh and cached is not None and clock - cached.fetched_at < TOPIC_CACHE_SECONDS:
             return cached.topic
+        if self._remembered(cached):
+            assert cached is not None
+            return cached.topic
         topic = await self.kv.read(lambda tr: topics.get_topic(tr, self.sub, name))
         self._cache_topic(name, topic, clock)
         return topic
+
+    async def all_topics(self) -> list[topics.Topic]:
+        if self.config.ripcord and not self.metadata_reachable:
+            return sorted(
+                (c.topic for c in self._topics_by_name.values() if c.topic is not None),
+                key=lambda t: t.name,
+            )
+        return await self.kv.read(lambda tr: topics.list_topics(tr, self.sub))
 
     def _cache_topic(self, name: str, topic: topics.Topic | None, clock: float) -> None:
         entry = _CachedTopic(topic, clock)
@@ -314,6 +347,9 @@ class Agent:
         cached = self._topics_by_id.get(topic_id)
         if cached is not None and time.monotonic() - cached.fetched_at < TOPIC_CACHE_SECONDS:
             return cached.topic
+        if self._remembered(cached):
+            assert cached is not None
+            return cached.topic
         topic = await self.kv.read(lambda tr: topics.get_topic_by_id(tr, self.sub, topic_id))
         if topic is not None:
             self.remember_topic(topic)
@@ -328,6 +364,8 @@ class Agent:
     async def refresh_live_agents(self, max_age: float = LIVE_AGENTS_SECONDS) -> list[AgentInfo]:
         """The live agents, re-read when the last read is older than max_age seconds."""
         clock = time.monotonic()
+        if self.config.ripcord and not self.metadata_reachable:
+            return self.live_agents()  # as last read, less those that refuse connections
         if clock - self._live_read_at >= max_age:
             now = now_ms()
             live = await self.kv.read(lambda tr: cluster.live_agents(tr, self.sub, now))
@@ -371,8 +409,40 @@ class Agent:
         Lightning partitions are answered only while it holds (broker.journal), so that
         an agent slow to learn of a change stops answering for the partitions that
         moved before their new leader begins (SETTLE_S later)."""
+        if self.config.ripcord and not self.metadata_reachable:
+            # No agent can read a change from the store now: the probes are the news.
+            return time.monotonic() - self._probed_at < VIEW_FRESH_SECONDS
         oldest = min(self._live_read_at, self._probed_at)
         return time.monotonic() - oldest < VIEW_FRESH_SECONDS
+
+    def in_outage(self) -> bool:
+        """Ripcord mode with the metadata store unreachable."""
+        return self.config.ripcord and not self.metadata_reachable
+
+    def start_from_snapshot(self, snapshot: Snapshot) -> None:
+        """Begin without the metadata store (Ripcord): the node id this agent's address
+        had, the cluster id, the agents and the topics as the snapshot has them."""
+        cfg = self.config
+        node_id = snapshot.node_id_of(cfg.advertised, cfg.port)
+        if node_id is None:
+            raise SystemExit(
+                f"the metadata store is unreachable and {cfg.advertised}:{cfg.port} is not"
+                " in the cluster's Ripcord snapshot: an agent new to the cluster can only"
+                " start with the store"
+            )
+        self.node_id = node_id
+        self.cluster_id = snapshot.cluster_id
+        self.metadata_reachable = False
+        self.live = sorted(snapshot.agents, key=lambda a: a.node_id)
+        for topic in snapshot.topics:
+            self._cache_topic(topic.name, topic, -TOPIC_CACHE_SECONDS)
+        logger.warning(
+            "metadata store unreachable: started as agent %d from the Ripcord snapshot"
+            " (%d topics, %d agents); produces go to the journal",
+            node_id,
+            len(snapshot.topics),
+            len(snapshot.agents),
+        )
 
     def coordinator_for(self, key: str) -> AgentInfo:
         """The agent that coordinates a group or transactional id (`broker.placement`)."""

@@ -301,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
             value = kind(env_value) if callable(kind) else env_value
         env_name = ENV_PREFIX + name.upper().replace("-", "_")
         serve.add_argument(f"--{name}", type=kind, default=value, help=f"{text} [{env_name}]")  # type: ignore[arg-type]
+    ripcord_env = _env("ripcord")
+    serve.add_argument(
+        "--ripcord",
+        action="store_true",
+        default=_bool(ripcord_env) if ripcord_env is not None else False,
+        help="Ripcord mode: while the metadata store is unreachable, every topic's produces "
+        "are answered as a lightning topic's, and an agent can start from the cluster's "
+        f"snapshot in the object store [{ENV_PREFIX}RIPCORD]",
+    )
     return parser
 
 
@@ -335,6 +344,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         journal_sweep_interval_ms=args.journal_sweep_interval_ms,
         journal_idle_ms=args.journal_idle_ms,
         journal_upload_limit_ms=args.journal_upload_limit_ms,
+        ripcord=args.ripcord,
         compaction=args.compaction,
         compaction_interval_ms=args.compaction_interval_ms,
         compaction_min_age_ms=args.compaction_min_age_ms,

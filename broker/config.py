@@ -80,6 +80,8 @@ class BrokerConfig:
     journal_sweep_interval_ms: int = 10_000
     journal_idle_ms: int = 10_000
     journal_upload_limit_ms: int = 30_000
+    # Ripcord mode (broker.ripcord): produce on while the metadata store is unreachable.
+    ripcord: bool = False
     # Cleaning of compacted topics (broker.cleaning).
     log_cleaner_enable: bool = True
     log_cleaner_backoff_ms: int = 15_000

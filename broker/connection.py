@@ -38,12 +38,14 @@ from typing import cast
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from kio.schema.errors import ErrorCode
 
 from broker import eventlog
 from broker.agent import Agent
 from broker.handlers import REGISTRY, api_versions
 from broker.handlers.errors import error_response
 from broker.sync import Promise, Turn
+from metadata.kv import KVError
 from protocol.codec import (
     MalformedRequest,
     UnsupportedVersion,
@@ -174,6 +176,21 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Fr
     )
     try:
         response = await api.handler(body, ctx)
+    except KVError as exc:  # the metadata store is unreachable: an expected event
+        response = error_response(body, _unavailable_code(header.api_key))
+        if response is None:  # no error field: the client reconnects and asks again
+            raise _Close(
+                eventlog.METADATA_UNAVAILABLE, f"{api.name}: metadata store unreachable: {exc}"
+            ) from None
+        agent.events.record(
+            eventlog.METADATA_UNAVAILABLE,
+            "%s v%d from %s: metadata store unreachable, answered %s: %s",
+            api.name,
+            header.api_version,
+            peer,
+            response.error_code.name,
+            exc,
+        )
     except Exception:  # a bug: its traceback is wanted
         agent.events.record(
             eventlog.HANDLER_ERROR,
@@ -191,6 +208,18 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Fr
     if response is None:
         return None
     return encode_response_parts(header.correlation_id, response)
+
+
+# The APIs answered by a group or transaction coordinator: their clients look for the
+# coordinator again on COORDINATOR_NOT_AVAILABLE.
+_COORDINATOR_APIS = frozenset({8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 24, 25, 26, 28, 42, 68})
+
+
+def _unavailable_code(api_key: int) -> ErrorCode:
+    """The retriable error a request gets while the metadata store is unreachable."""
+    if api_key in _COORDINATOR_APIS:
+        return ErrorCode.coordinator_not_available
+    return ErrorCode.request_timed_out
 
 
 async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> None:

@@ -27,11 +27,15 @@ MALFORMED_REQUEST = "malformed_requests"
 UNSUPPORTED_VERSION = "unsupported_versions"
 CLIENT_DISCONNECT = "client_disconnects"
 HANDLER_ERROR = "handler_errors"
+# A request that needed the metadata store while it was unreachable: answered with a
+# retriable error.
+METADATA_UNAVAILABLE = "metadata_unavailable"
 LEVELS = {
     MALFORMED_REQUEST: logging.WARNING,
     UNSUPPORTED_VERSION: logging.WARNING,
     CLIENT_DISCONNECT: logging.INFO,
     HANDLER_ERROR: logging.ERROR,
+    METADATA_UNAVAILABLE: logging.WARNING,
 }
 
 

@@ -54,7 +54,7 @@ from storage.ingest import (
     new_object_key,
     read_journal_table,
 )
-from storage.objectstore import ObjectInfo, ObjectStore
+from storage.objectstore import ObjectInfo, ObjectStore, ObjectStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -376,6 +376,7 @@ class ProducerSequences:
         others_drained: Callable[[], Awaitable[bool]] | None = None,
         own_node_id: Callable[[], int] = lambda: -1,
         view_fresh: Callable[[], bool] = lambda: True,
+        outage: Callable[[], bool] = lambda: False,
     ) -> None:
         self._kv = kv
         self._sub = sub
@@ -387,6 +388,7 @@ class ProducerSequences:
         self._others_drained = others_drained
         self._own_node_id = own_node_id
         self._view_fresh = view_fresh
+        self._outage = outage
         journal.may_answer = self.stable_since
         self._view: tuple[int, ...] | None = None
         self._view_changed_at = 0.0
@@ -421,12 +423,24 @@ class ProducerSequences:
         if (not alone and now - self._view_changed_at < SETTLE_S) or now < self._next_drain_check:
             return False
         self._next_drain_check = now + DRAIN_CHECK_S
-        if not await self._others_drained():
+        try:
+            if not await self._others_drained():
+                return False
+        except (KVError, ObjectStoreError) as exc:
+            logger.debug("drain check failed: %s", exc)
             return False
         if self._view == view:
             self._settled = True
             self.forget()
         return self._settled
+
+    async def may_accept(self, idempotent: bool) -> bool:
+        """Whether a lightning batch may be accepted now: once settled; and in Ripcord
+        mode while the metadata store is unreachable (no drain check can be made), a
+        batch without a producer id as soon as the view of the peers is fresh."""
+        if await self.settled():
+            return True
+        return not idempotent and self._outage() and self._view_fresh()
 
     def forget(self) -> None:
         """Drop what was answered: a flush failed, and its batches with it. Each state is
@@ -445,7 +459,10 @@ class ProducerSequences:
             (identity := self._identities.get(pid)) is not None
             and view.producer_epoch > identity.epoch
         ):
-            await self._load(key)
+            try:
+                await self._load(key)
+            except KVError:  # the store is unreachable (Ripcord): the producer waits
+                return AppendResult(ErrorCode.not_leader_or_follower)
         last_seq = producers.last_sequence_of(view.base_sequence, view.last_offset_delta)
         check = self._check(key, view, last_seq)
         if check.error == ErrorCode.out_of_order_sequence_number and _ahead(
@@ -459,8 +476,13 @@ class ProducerSequences:
             # answered with a retriable error: OUT_OF_ORDER_SEQUENCE_NUMBER would make
             # the producer send its unanswered batches again under a new epoch, and any
             # of them already written would be written twice.
+            if self._outage():  # nothing can be learnt now (Ripcord): the producer waits
+                return AppendResult(ErrorCode.not_leader_or_follower)
             self._states.pop(key, None)
-            await self._load(key)
+            try:
+                await self._load(key)
+            except KVError:
+                return AppendResult(ErrorCode.not_leader_or_follower)
             check = self._check(key, view, last_seq)
             if check.error == ErrorCode.out_of_order_sequence_number and _ahead(
                 self._identities.get(pid),

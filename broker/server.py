@@ -15,11 +15,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from broker import stats
+from broker import ripcord, stats
 from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.connection import handle_connection
 from broker.handlers import load_all
+from metadata.kv import KVError
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,18 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
     load_all()
     agent = Agent.open(config)
     try:
-        await agent.register()
+        try:
+            await agent.register()
+        except KVError as exc:
+            if not config.ripcord:
+                raise
+            snapshot = await ripcord.read_snapshot(agent)
+            if snapshot is None:
+                raise SystemExit(
+                    f"the metadata store is unreachable ({exc}) and the object store holds"
+                    " no Ripcord snapshot: the agent cannot start"
+                ) from None
+            agent.start_from_snapshot(snapshot)
         try:
             listener = await anyio.create_tcp_listener(
                 local_host=config.host, local_port=config.port
@@ -69,6 +81,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             tg.start_soon(agent.compaction.run)
             tg.start_soon(agent.cleaning.run)
             tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
+            if config.ripcord:
+                tg.start_soon(ripcord.snapshot_loop, agent)
             tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 
             async def serve_client(stream: anyio.abc.SocketStream) -> None:
@@ -81,6 +95,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
         with anyio.CancelScope(shield=True):
             try:
                 await agent.deregister()
+            except KVError as exc:  # the store is unreachable: the lease runs out instead
+                logger.warning("deregistration failed: %s", exc)
             except Exception:
                 logger.exception("deregistration failed")
             await agent.aclose()

@@ -39,6 +39,11 @@ def snapshot(agent: Agent) -> dict[str, Any]:
         "read_ahead": dict(agent.read_ahead.stats),
         "chunk_cache": dict(agent.chunks.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
+        # The store's reachability as the lease loop last found it (broker.ripcord).
+        "ripcord": {
+            "enabled": agent.config.ripcord,
+            "metadata_reachable": agent.metadata_reachable,
+        },
         "connections": dict(agent.events.counts),
         "lifecycle": dict(agent.lifecycle.stats),
         "compaction": dataclasses.asdict(agent.compaction.stats),

@@ -104,7 +104,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         return _invalid_request(request, requested)
     entries: list[dict[str, Any]] = []
     if requested is None:
-        all_topics = await agent.kv.read(lambda tr: topics_layer.list_topics(tr, agent.sub))
+        all_topics = await agent.all_topics()
         entries = [topic_entry(agent, t, topic_ops) for t in all_topics]
     else:
         for wanted in requested:

@@ -198,6 +198,8 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             stamped[key] = now_ms = int(time.time() * 1000)
             view = with_log_append_time(view, now_ms)
             data = view.data
+        if not lightning and agent.in_outage() and not view.is_transactional:
+            lightning = True  # Ripcord: the metadata store is unreachable (broker.ripcord)
         if not lightning:
             # A topic turned classic: its batches come after those still to be sequenced.
             await agent.journal.wait_sequenced(topic_id, partition)
@@ -205,10 +207,9 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 (key, agent.pipeline.enqueue(topic_id, partition, data, view, deadline), deadline)
             )
             continue
-        if (
-            agent.leader_for(topic_id, partition) != agent.node_id
-            or not await agent.producer_sequences.settled()
-        ):
+        if agent.leader_for(
+            topic_id, partition
+        ) != agent.node_id or not await agent.producer_sequences.may_accept(view.producer_id >= 0):
             # A lightning partition is answered by its leader alone, and by a new leader
             # only once what the others answered is sequenced: its batches come after.
             answers[key] = _partition_answer(
