@@ -89,6 +89,7 @@ class JournalStats:
     answers_withheld: int = 0
     unreadable_objects: int = 0
     backlog_objects: int = 0  # answered, not yet sequenced (this agent's)
+    retired_sequences: int = 0  # sequence records dropped by the sweep
     backlog_bytes: int = 0
 
 
@@ -557,6 +558,10 @@ class SweepSettings:
     # An upload outliving this is not answered with success: a missing object n whose
     # successor is older than this (plus the idle time) will never come.
     upload_limit_ms: int = 30_000
+    # A sequence's record is dropped once none of its objects is left and it was last
+    # sequenced this long ago: far longer than any upload can take, so that no object of
+    # it can appear afterwards but a new one.
+    retire_after_ms: int = 3_600_000
 
 
 class JournalSweep:
@@ -649,7 +654,35 @@ class JournalSweep:
         if not claimed:
             return 0
         nexts, by_sequence = await self._waiting_by_sequence()
-        return await self._finish_idle(nexts, by_sequence)
+        done = await self._finish_idle(nexts, by_sequence)
+        await self._retire(now)
+        return done
+
+    async def _retire(self, now: float) -> None:
+        """Drop the records of sequences none of whose objects is left in the store (all
+        sequenced, compacted and deleted, or skipped and swept) and last sequenced more
+        than `retire_after_ms` ago, so that the metadata store does not keep one record
+        per sequence forever."""
+        on_record = await self._kv.read(lambda tr: journal_layer.list_sequences(tr, self._sub))
+        cutoff_ms = int(now * 1000) - self.settings.retire_after_ms
+        old = [(s, u) for s, _n, u in on_record if u < cutoff_ms]
+        if not old:
+            return
+        listed = {
+            parsed[0]
+            for info in await self._store.list(journal_layer.PREFIX)
+            if (parsed := journal_layer.parse_key(info.key)) is not None
+        }
+        for sequence, updated_ms in old:
+            if sequence in listed:
+                continue
+            retired = await self._kv.transact(
+                partial(
+                    journal_layer.retire, sub=self._sub, sequence=sequence, updated_ms=updated_ms
+                )
+            )
+            if retired:
+                self.stats.retired_sequences += 1
 
     async def _finish(
         self, sequence: str, next_n: int, waiting: dict[int, ObjectInfo], now: float

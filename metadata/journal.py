@@ -10,7 +10,8 @@ agent that wrote the object, right after, or the journal sweep of any agent, lat
 
 An object whose n is below `next` is done: sequenced, or skipped (a hole left by an upload
 that failed, whose batches were never answered with success). A sequence never seen has
-next 0.
+next 0. A sequence's record is retired (`retire`) once none of its objects is left in the
+store, long after its last sequencing: no object of it can then appear that is not new.
 """
 
 from __future__ import annotations
@@ -72,3 +73,23 @@ def sequence_object(
     )
     tr.set(sub.key(keys.JOURNAL, sequence), keys.pack_value((n + 1, node_id, now_ms)))
     return results
+
+
+def list_sequences(tr: ReadTransaction, sub: keys.Subspace) -> list[tuple[str, int, int]]:
+    """(sequence, next n, updated_ms) of every sequence on record."""
+    begin, end = sub.range(keys.JOURNAL)
+    out = []
+    for key, value in tr.get_range(begin, end):
+        next_n, _node_id, updated_ms = keys.unpack_value(value)
+        out.append((str(sub.unpack(key)[1]), int(next_n), int(updated_ms)))
+    return out
+
+
+def retire(tr: Transaction, sub: keys.Subspace, sequence: str, updated_ms: int) -> bool:
+    """Drop a sequence's record, unless it was sequenced again since `updated_ms`."""
+    key = sub.key(keys.JOURNAL, sequence)
+    raw = tr.get(key)
+    if raw is None or int(keys.unpack_value(raw)[2]) != updated_ms:
+        return False
+    tr.clear(key)
+    return True

@@ -97,3 +97,32 @@ async def test_an_unreadable_object_is_left_in_place_and_nothing_after_it_is_seq
     assert sweep.stats.unreadable_objects == 1
     assert high_watermark(kv, topic) == 0
     assert journal.object_key("T", 0) in {i.key for i in await store.list("journal/")}
+
+
+async def test_a_sequence_with_nothing_left_is_retired_long_after_its_last_sequencing(setup):
+    kv, store, topic, sweep, clock = setup
+    # "Done": sequenced an hour ago and nothing of it left. "Kept": as old, but an object
+    # of it is still in the store. "Recent": nothing left, sequenced a minute ago.
+    store.put_sync(journal.object_key("Kept", 0), journal_object(topic, [b"k"]))
+    clock.now = await last_modified(store, journal.object_key("Kept", 0)) + 2
+    assert await sweep.sweep() == 1
+    now_ms = int(clock.now * 1000)
+    hour_ago = now_ms - sweep.settings.retire_after_ms - 1
+
+    def on_record(tr):
+        return {s: u for s, _n, u in journal.list_sequences(tr, SUB)}
+
+    def backdate(tr):
+        for sequence, updated_ms in (
+            ("Done", hour_ago),
+            ("Kept", hour_ago),
+            ("Recent", now_ms - 60_000),
+        ):
+            tr.set(SUB.key(keys.JOURNAL, sequence), keys.pack_value((1, 1, updated_ms)))
+
+    kv.transact_sync(backdate)
+    await sweep.sweep()
+    assert set(kv.transact_sync(on_record)) == {"Kept", "Recent"}
+    assert sweep.stats.retired_sequences == 1
+    # A sequence whose record was dropped is new again: its next object is sequenced.
+    assert kv.transact_sync(lambda tr: journal.next_to_sequence(tr, SUB, "Done")) == 0
