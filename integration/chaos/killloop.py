@@ -283,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a config of the topic created (repeat); bucketlog.topic.type=lightning runs "
         "the scenario on a lightning topic, whose acknowledgements carry no offset",
     )
+    parser.add_argument(
+        "--classic-alongside",
+        action="store_true",
+        help="also a classic topic, written at the same time by as many producers again "
+        "and checked on its own (with --topic-config bucketlog.topic.type=lightning: both "
+        "kinds in one cluster)",
+    )
     parser.add_argument("--kills", type=int, default=10, help="stop after this many kills")
     parser.add_argument("--interval-s", type=float, default=1.0, help="between two kills")
     parser.add_argument(
@@ -311,21 +318,29 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
     configs = dict(item.split("=", 1) for item in args.topic_config)
     create_topic(agents.bootstrap, topic, args.partitions, configs)
     offsets_known = configs.get("bucketlog.topic.type", "classic") != "lightning"
-    producers = [
-        ChaosProducer(
-            f"{'idem' if i % 2 == 0 else 'plain'}{i}",
-            i % 2 == 0,
-            agents.bootstrap,
-            topic,
-            args.partitions,
-            args.rate,
-            args.value_bytes,
-            args.flush_timeout_s,
-            args.client_log_level,
-            offsets_known,
-        )
-        for i in range(args.producers)
-    ]
+    groups = [(topic, "", offsets_known)]
+    if args.classic_alongside:
+        create_topic(agents.bootstrap, f"{topic}-classic", args.partitions)
+        groups.append((f"{topic}-classic", "classic-", True))
+    by_topic = {
+        name: [
+            ChaosProducer(
+                f"{prefix}{'idem' if i % 2 == 0 else 'plain'}{i}",
+                i % 2 == 0,
+                agents.bootstrap,
+                name,
+                args.partitions,
+                args.rate,
+                args.value_bytes,
+                args.flush_timeout_s,
+                args.client_log_level,
+                known,
+            )
+            for i in range(args.producers)
+        ]
+        for name, prefix, known in groups
+    }
+    producers = [p for group in by_topic.values() for p in group]
     problems: list[str] = []
     for producer in producers:
         producer.start()
@@ -373,23 +388,30 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
     if not offsets_known:
         # Answered before sequenced: read once every partition holds at least as many
         # records as were acknowledged in it (a dead agent's are sequenced by the sweep).
-        acks = [ack for producer in producers for ack in producer.acks]
+        acks = [ack for producer in by_topic[topic] for ack in producer.acks]
         sequenced_s = wait_for_sequencing(agents.bootstrap, topic, acks, args.read_timeout_s)
         if sequenced_s is None:
             problems.append("the acknowledged records were not all sequenced in time")
     read_began = time.monotonic()
-    records, ranges, complete = read_back(
-        agents.bootstrap, topic, args.partitions, args.read_timeout_s
-    )
+    checks = {}
+    for name, group in by_topic.items():
+        records, ranges, complete = read_back(
+            agents.bootstrap, name, args.partitions, args.read_timeout_s
+        )
+        if not complete:
+            problems.append(f"the read-back of {name} did not reach every partition's end")
+        acks = [ack for producer in group for ack in producer.acks]
+        if not acks:
+            problems.append(f"nothing was acknowledged on {name}")
+        checks[name] = (
+            checker.check(acks, records, ranges, {p.producer_name: p.idempotent for p in group}),
+            records,
+            ranges,
+            complete,
+        )
     read_s = time.monotonic() - read_began
-    if not complete:
-        problems.append(f"the read-back did not reach every partition's end in {read_s:.0f} s")
-    acks = [ack for producer in producers for ack in producer.acks]
-    if not acks:
-        problems.append("nothing was acknowledged")
-    result = checker.check(
-        acks, records, ranges, {p.producer_name: p.idempotent for p in producers}
-    )
+    result, records, ranges, complete = checks[topic]
+    classic = checks.get(f"{topic}-classic")
 
     kills = agents.kills
     return {
@@ -415,9 +437,12 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
             "end_offsets": {str(p): list(r) for p, r in sorted(ranges.items())},
         },
         "check": result.summary(),
+        **({"check_classic": classic[0].summary()} if classic else {}),
         "problems": problems,
-        "ok": result.ok and not problems,
-        "exit_status": 2 if problems else (0 if result.ok else 1),
+        "ok": result.ok and (classic is None or classic[0].ok) and not problems,
+        "exit_status": 2
+        if problems
+        else (0 if result.ok and (classic is None or classic[0].ok) else 1),
     }
 
 
@@ -440,6 +465,17 @@ def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
     for kind, examples in check["examples"].items():
         if examples and kind != "other_duplicates":
             print(f"  {kind}: {examples[:3]}", file=out)
+    if "check_classic" in report:
+        classic = report["check_classic"]
+        anomalies = ", ".join(f"{k} {v}" for k, v in classic["anomalies"].items())
+        print(
+            f"  classic topic alongside: {classic['acknowledged']} acknowledged; anomalies: "
+            f"{anomalies}",
+            file=out,
+        )
+        for kind, examples in classic["examples"].items():
+            if examples and kind != "other_duplicates":
+                print(f"  classic {kind}: {examples[:3]}", file=out)
     for problem in report["problems"]:
         print(f"  problem: {problem}", file=out)
     print("  OK" if report["ok"] else "  FAILED", file=out)
