@@ -254,7 +254,7 @@ class Agent:
             try:
                 await self.renew_lease()
             except KVError as exc:  # the metadata store is unavailable: an expected event
-                logger.warning("lease renewal failed: %s", exc)
+                self.store_failure("lease renewal failed: %s", exc)
             except Exception:
                 logger.exception("lease renewal failed")
 
@@ -272,7 +272,7 @@ class Agent:
             try:
                 states = await self.kv.read(read)
             except KVError as exc:
-                logger.warning("watermark poll failed: %s", exc)
+                self.store_failure("watermark poll failed: %s", exc)
                 continue
             except Exception:
                 logger.exception("watermark poll failed")
@@ -294,9 +294,15 @@ class Agent:
                     self, lambda tid: self.coordinator_for(tid).node_id == self.node_id
                 )
             except KVError as exc:
-                logger.warning("transaction timeout check failed: %s", exc)
+                self.store_failure("transaction timeout check failed: %s", exc)
             except Exception:
                 logger.exception("transaction timeout check failed")
+
+    def store_failure(self, message: str, exc: Exception) -> None:
+        """Log a background loop's metadata store failure: a warning, or only a debug
+        line while the store is known to be unreachable (said once, when found)."""
+        level = logging.WARNING if self.metadata_reachable else logging.DEBUG
+        logger.log(level, message, exc)
 
     async def aclose(self) -> None:
         await self.store.aclose()

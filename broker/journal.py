@@ -54,7 +54,7 @@ from storage.ingest import (
     new_object_key,
     read_journal_table,
 )
-from storage.objectstore import ObjectInfo, ObjectStore, ObjectStoreError
+from storage.objectstore import ObjectExistsError, ObjectInfo, ObjectStore, ObjectStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class JournalStats:
     sequenced_objects: int = 0  # by this agent's committer
     swept_objects: int = 0  # by the sweep (objects of other processes' sequences)
     skipped_holes: int = 0
+    claimed_holes: int = 0  # missing numbers claimed by the sweep (JournalSweep._claim)
     commit_retries: int = 0
     refused_at_sequencing: int = 0  # answered with success, refused when sequenced
     # Refused when sequenced: answered with an error, or swept (its answer not known).
@@ -245,6 +246,7 @@ class JournalPipeline(IngestPipeline):
         sequence, n = parsed
         size = flush.size
         pause = RETRY_FIRST_S
+        attempts, began = 0, time.monotonic()
         if faults.misbehave(COMMIT_NEVER):
             logger.warning(
                 "fault point %s (test-only): %s answered, never sequenced here",
@@ -268,12 +270,26 @@ class JournalPipeline(IngestPipeline):
                 break
             except KVError as exc:  # the metadata store is unavailable: later
                 self.journal_stats.commit_retries += 1
-                logger.warning("sequencing %s failed, again in %.2f s: %s", flush.key, pause, exc)
+                # The first failure is news; the retries (every RETRY_MAX_S at most) are not.
+                logger.log(
+                    logging.WARNING if attempts == 0 else logging.DEBUG,
+                    "sequencing %s failed, trying again until it succeeds: %s",
+                    flush.key,
+                    exc,
+                )
             except Exception:
                 self.journal_stats.commit_retries += 1
                 logger.exception("sequencing %s failed, again in %.2f s", flush.key, pause)
+            attempts += 1
             await anyio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
+        if attempts:
+            logger.info(
+                "sequenced %s after %d failed attempts over %.1f s",
+                flush.key,
+                attempts,
+                time.monotonic() - began,
+            )
         self.stats.commits += 1
         answered_with_error = self._answered_with_error.pop(flush.key, set())
         if results is not None:
@@ -633,12 +649,15 @@ class JournalSweep:
         )
         return nexts, by_sequence
 
-    async def run(self) -> None:
+    async def run(self, on_store_failure: Callable[[str, Exception], None] | None = None) -> None:
+        report = on_store_failure or (lambda message, exc: logger.warning(message, exc))
         while True:
             await anyio.sleep(self.settings.interval_ms / 1000)
             try:
                 await self.sweep()
-            except (KVError, OSError) as exc:
+            except KVError as exc:
+                report("journal sweep failed: %s", exc)
+            except OSError as exc:
                 logger.warning("journal sweep failed: %s", exc)
             except Exception:
                 logger.exception("journal sweep failed")
@@ -684,17 +703,38 @@ class JournalSweep:
             if retired:
                 self.stats.retired_sequences += 1
 
+    async def _claim(self, sequence: str, missing: list[int]) -> bool:
+        """Claim missing numbers of a sequence by writing an empty object under each
+        (only where none is: a conditional write), so that an upload of one still on its
+        way fails, and is answered with an error, instead of landing after its number
+        was skipped. False if one has landed meanwhile (it is sequenced next pass) or the
+        store cannot write conditionally."""
+        if not getattr(self._store, "conditional_writes", True):
+            return False
+        for n in missing:
+            try:
+                await self._store.put(journal_layer.object_key(sequence, n), b"", if_absent=True)
+            except ObjectExistsError:
+                return False
+            self.stats.claimed_holes += 1
+        return True
+
     async def _finish(
         self, sequence: str, next_n: int, waiting: dict[int, ObjectInfo], now: float
     ) -> int:
-        """Sequence the waiting objects of one sequence in n order; a missing one is
-        skipped once no upload of it can still be answered."""
+        """Sequence the waiting objects of one sequence in n order. A missing one is
+        skipped once it is claimed (`_claim`), or, on a store without conditional
+        writes, once no upload of it can still be answered."""
         done = 0
         hole_limit_s = (self.settings.upload_limit_ms + self.settings.idle_ms) / 1000
         for n in sorted(waiting):
             info = waiting[n]
-            if n > next_n and now - info.last_modified < hole_limit_s:
-                return done  # objects next_n..n-1 are missing; their uploads may still land
+            if info.size == 0:
+                continue  # a claimed number (below): skipped with the next object
+            missing = [m for m in range(next_n, n) if m not in waiting]
+            if missing and not await self._claim(sequence, missing):
+                if now - info.last_modified < hole_limit_s:
+                    return done  # objects next_n..n-1 are missing; their uploads may land
             try:
                 table = await read_journal_table(self._store, info.key)
             except IngestFileError as exc:

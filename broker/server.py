@@ -70,7 +70,7 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.pipeline.run)
             tg.start_soon(agent.journal.run)
-            tg.start_soon(agent.journal_sweep.run)
+            tg.start_soon(agent.journal_sweep.run, agent.store_failure)
             tg.start_soon(agent.read_ahead.run)
             tg.start_soon(agent.lease_loop)
             tg.start_soon(agent.peer_probe_loop)

@@ -1,6 +1,7 @@
 """The journal sweep in one process, on a real local store and SQLite: it sequences the
-objects another process answered and left, in n order, skips a missing number only once
-no upload of it can still be answered, and leaves an unreadable object in place."""
+objects another process answered and left, in n order, skips a missing number once it
+has claimed it (or, without conditional writes, once no upload of it can still be
+answered), and leaves an unreadable object in place."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from protocol.records import build_batch
 from storage.cache import ObjectCache
 from storage.ingest import JournalBatch, encode_ingest_file, encode_journal_table
 from storage.local import LocalObjectStore
+from storage.objectstore import ObjectExistsError
 
 SUB = keys.cluster_subspace("sweep-test")
 SETTINGS = SweepSettings(interval_ms=100, idle_ms=1_000, upload_limit_ms=5_000)
@@ -69,7 +71,7 @@ async def last_modified(store, key: str) -> float:
     return info.last_modified
 
 
-async def test_objects_left_behind_are_sequenced_in_order_and_holes_wait(setup):
+async def test_objects_left_behind_are_sequenced_in_order_and_a_hole_is_claimed(setup):
     kv, store, topic, sweep, clock = setup
     store.put_sync(journal.object_key("S", 0), journal_object(topic, [b"a", b"b"]))
     store.put_sync(journal.object_key("S", 2), journal_object(topic, [b"c"]))
@@ -77,13 +79,31 @@ async def test_objects_left_behind_are_sequenced_in_order_and_holes_wait(setup):
     clock.now = newest + 0.5
     assert await sweep.sweep() == 0  # the writer may still be at work
     clock.now = newest + 2
+    # Object 0, then 1 is claimed (an empty object where none is), then 2.
+    assert await sweep.sweep() == 2
+    assert high_watermark(kv, topic) == 3
+    assert sweep.stats.claimed_holes == 1 and sweep.stats.skipped_holes == 1
+    assert store.get_sync(journal.object_key("S", 1)) == b""
+    # An upload of 1 still on its way fails: its writer answers it with an error.
+    with pytest.raises(ObjectExistsError):
+        store.put_sync(journal.object_key("S", 1), journal_object(topic, [b"x"]), if_absent=True)
+    assert await sweep.sweep() == 0  # done once
+    assert kv.transact_sync(lambda tr: journal.next_to_sequence(tr, SUB, "S")) == 3
+
+
+async def test_without_conditional_writes_a_hole_waits_for_the_upload_limit(setup):
+    kv, store, topic, sweep, clock = setup
+    store.conditional_writes = False  # as an S3 store that refused If-None-Match
+    store.put_sync(journal.object_key("S", 0), journal_object(topic, [b"a", b"b"]))
+    store.put_sync(journal.object_key("S", 2), journal_object(topic, [b"c"]))
+    newest = await last_modified(store, journal.object_key("S", 2))
+    clock.now = newest + 2
     assert await sweep.sweep() == 1  # object 0; object 1 may still be uploading
     assert high_watermark(kv, topic) == 2
     clock.now = newest + 7  # past the upload limit and the idle time: 1 never comes
     assert await sweep.sweep() == 1
     assert high_watermark(kv, topic) == 3
-    assert sweep.stats.skipped_holes == 1
-    assert await sweep.sweep() == 0  # done once
+    assert sweep.stats.skipped_holes == 1 and sweep.stats.claimed_holes == 0
     assert kv.transact_sync(lambda tr: journal.next_to_sequence(tr, SUB, "S")) == 3
 
 
