@@ -78,6 +78,10 @@ chaos: $(STAMP)
 	mkdir -p integration/chaos/results
 	$(BIN)/python -m integration.chaos.killloop --agents 3 --kills 1000 --interval-s 0.35 \
 	  --seconds 720 --report $(CHAOS)-kill-loop.json
+	$(BIN)/python -m integration.chaos.killloop --agents 3 --kills 100 --interval-s 1 \
+	  --topic-config bucketlog.topic.type=lightning --classic-alongside \
+	  --agent-arg=--journal-sweep-interval-ms --agent-arg=1000 \
+	  --agent-arg=--journal-idle-ms --agent-arg=2000 --report $(CHAOS)-kill-loop-lightning.json
 	$(BIN)/python -m integration.chaos.transactions --agents 3 --transactions 5000 --kills 200 \
 	  --interval-s 2 --seconds 480 --seed 1 --report $(CHAOS)-transactions.json
 	$(BIN)/python integration/chaos/fuzz.py --cases 100000 --seed 0 --report $(CHAOS)-fuzz.json

@@ -131,6 +131,8 @@ class Result:
     gaps: list[Gap] = field(default_factory=list)
     bad_offsets: list[BadOffset] = field(default_factory=list)
     out_of_order: list[OutOfOrder] = field(default_factory=list)
+    # allowed where asked (check's plain_order=False): a producer without idempotence
+    other_out_of_order: list[OutOfOrder] = field(default_factory=list)
     unrecognised: list[Record] = field(default_factory=list)
     unacknowledged_read: int = 0  # allowed: read, but no acknowledgement came
 
@@ -162,6 +164,7 @@ class Result:
             "missing_found_elsewhere": sum(1 for m in self.missing if m.found_at),
             "offsets_not_read": sum(g.last - g.first + 1 for g in self.gaps),
             "other_duplicates": len(self.other_duplicates),
+            "other_out_of_order": len(self.other_out_of_order),
             "unacknowledged_read": self.unacknowledged_read,
             "examples": {
                 "missing": some(self.missing),
@@ -170,6 +173,7 @@ class Result:
                 "gaps": some(self.gaps),
                 "bad_offsets": some(self.bad_offsets),
                 "out_of_order": some(self.out_of_order),
+                "other_out_of_order": some(self.other_out_of_order),
                 "unrecognised": some(self.unrecognised),
             },
         }
@@ -188,12 +192,15 @@ def check(
     records: Iterable[Record],
     ranges: Mapping[int, tuple[int, int]],
     idempotent: Mapping[str, bool],
+    plain_order: bool = True,
 ) -> Result:
     """Check a read-back against the acknowledgements.
 
     `records` in the order each partition returned them; `ranges`: partition ->
     (log start offset, end offset) of the read; `idempotent`: producer -> whether it
     was idempotent (a producer not named there counts as not idempotent).
+    `plain_order=False`: a producer without idempotence's records out of order are
+    counted apart and allowed (its client may reorder them across retries).
     """
     acks = list(acks)
     records = list(records)
@@ -235,6 +242,10 @@ def check(
         read = by_partition.get(partition, [])
         _check_dense(partition, start, end, read, result)
         _check_order(partition, read, result)
+    if not plain_order:
+        plain = [o for o in result.out_of_order if not idempotent.get(o.producer, False)]
+        result.other_out_of_order = plain
+        result.out_of_order = [o for o in result.out_of_order if o not in plain]
     return result
 
 

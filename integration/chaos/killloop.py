@@ -403,8 +403,20 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
         acks = [ack for producer in group for ack in producer.acks]
         if not acks:
             problems.append(f"nothing was acknowledged on {name}")
+        # On a lightning topic a new leader answers NOT_LEADER_OR_FOLLOWER until it
+        # settles, and librdkafka may then send a producer's newer records before the
+        # retries of older ones when it has no idempotence (seen: one agent got records
+        # 144 and 152 of a plain producer in one request, 0 to 136 in a later one).
+        # Only idempotent producers are promised their order there.
+        known = name != topic or offsets_known
         checks[name] = (
-            checker.check(acks, records, ranges, {p.producer_name: p.idempotent for p in group}),
+            checker.check(
+                acks,
+                records,
+                ranges,
+                {p.producer_name: p.idempotent for p in group},
+                plain_order=known,
+            ),
             records,
             ranges,
             complete,
@@ -459,11 +471,12 @@ def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
     anomalies = ", ".join(f"{k} {v}" for k, v in check["anomalies"].items())
     print(
         f"  anomalies: {anomalies}; allowed: duplicates without idempotence "
-        f"{check['other_duplicates']}, read but not acknowledged {check['unacknowledged_read']}",
+        f"{check['other_duplicates']}, out of order without idempotence (lightning) "
+        f"{check['other_out_of_order']}, read but not acknowledged {check['unacknowledged_read']}",
         file=out,
     )
     for kind, examples in check["examples"].items():
-        if examples and kind != "other_duplicates":
+        if examples and not kind.startswith("other_"):
             print(f"  {kind}: {examples[:3]}", file=out)
     if "check_classic" in report:
         classic = report["check_classic"]
@@ -474,7 +487,7 @@ def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
             file=out,
         )
         for kind, examples in classic["examples"].items():
-            if examples and kind != "other_duplicates":
+            if examples and not kind.startswith("other_"):
                 print(f"  classic {kind}: {examples[:3]}", file=out)
     for problem in report["problems"]:
         print(f"  problem: {problem}", file=out)

@@ -228,3 +228,22 @@ def test_the_summary_lists_examples_of_each_kind() -> None:
         "ack": {"producer": "idem", "seq": 100, "partition": 0, "offset": 10},
         "found_at": (),
     }
+
+
+def test_without_plain_order_only_a_plain_producers_step_back_is_allowed() -> None:
+    """plain_order=False (a lightning topic): a producer without idempotence's records out
+    of order are counted apart and allowed; an idempotent producer's still fail."""
+    acks, records, ranges = clean_run()
+    swap = {(0, 1): ("plain", 2), (0, 3): ("plain", 0), (1, 0): ("idem", 3), (1, 2): ("idem", 1)}
+    records = [
+        Record(r.partition, r.offset, *swap.get((r.partition, r.offset), (r.producer, r.seq)))
+        for r in records
+    ]
+    acks = [Ack(r.producer, r.seq, r.partition, r.offset) for r in records]
+    strict = check(acks, records, ranges, IDEMPOTENT)
+    assert len(strict.out_of_order) == 2 and strict.other_out_of_order == []
+    relaxed = check(acks, records, ranges, IDEMPOTENT, plain_order=False)
+    only(relaxed, "out_of_order")
+    assert relaxed.out_of_order == [OutOfOrder("idem", 1, 2, 1, 0, 3)]
+    assert relaxed.other_out_of_order == [OutOfOrder("plain", 0, 3, 0, 1, 2)]
+    assert relaxed.summary()["other_out_of_order"] == 1
