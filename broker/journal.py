@@ -481,13 +481,17 @@ class ProducerSequences:
             except KVError:  # the store is unreachable (Ripcord): the producer waits
                 return AppendResult(ErrorCode.not_leader_or_follower)
         last_seq = producers.last_sequence_of(view.base_sequence, view.last_offset_delta)
+
+        def ahead(check: producers.SequenceCheck) -> bool:
+            return check.error == ErrorCode.out_of_order_sequence_number and _ahead(
+                self._identities.get(pid),
+                self._states.get(key),
+                view.producer_epoch,
+                view.base_sequence,
+            )
+
         check = self._check(key, view, last_seq)
-        if check.error == ErrorCode.out_of_order_sequence_number and _ahead(
-            self._identities.get(pid),
-            self._states.get(key),
-            view.producer_epoch,
-            view.base_sequence,
-        ):
+        if ahead(check):
             # Ahead of what is known here: the batches between may have been answered
             # by another agent and not be sequenced yet. Known afresh, if still ahead,
             # answered with a retriable error: OUT_OF_ORDER_SEQUENCE_NUMBER would make
@@ -501,12 +505,7 @@ class ProducerSequences:
             except KVError:
                 return AppendResult(ErrorCode.not_leader_or_follower)
             check = self._check(key, view, last_seq)
-            if check.error == ErrorCode.out_of_order_sequence_number and _ahead(
-                self._identities.get(pid),
-                self._states.get(key),
-                view.producer_epoch,
-                view.base_sequence,
-            ):
+            if ahead(check):
                 self._journal.journal_stats.ahead_of_known += 1
                 return AppendResult(ErrorCode.not_leader_or_follower)
         if check.error != ErrorCode.none:

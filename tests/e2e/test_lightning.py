@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kio.schema.errors import ErrorCode
 
 from protocol.records import build_batch, iter_batches, iter_records
-from tests.e2e.wire import WireClient, fetch, produce, request
+from tests.e2e.wire import WireClient, fetch, init_producer_id, produce
 from tests.support.brokerproc import BrokerProcess, free_ports
 
 pytestmark = pytest.mark.slow
@@ -166,17 +166,8 @@ def test_the_topic_type_is_checked_described_and_altered_at_run_time(broker):
         assert values == [b"v%d" % i for i in range(15)]
 
 
-def init_producer_id(client: WireClient, transactional_id: str | None = None) -> tuple[int, int]:
-    answer = client.call(
-        request(
-            22,
-            4,
-            transactional_id=transactional_id,
-            transaction_timeout=60_000,
-            producer_id=-1,
-            producer_epoch=-1,
-        )
-    )
+def new_producer(client: WireClient, transactional_id: str | None = None) -> tuple[int, int]:
+    answer = init_producer_id(client, transactional_id)
     assert answer.error_code == ErrorCode.none
     return int(answer.producer_id), int(answer.producer_epoch)
 
@@ -184,7 +175,7 @@ def init_producer_id(client: WireClient, transactional_id: str | None = None) ->
 def test_idempotent_rules_hold_when_answering_before_sequencing(broker):
     topic = create(broker.bootstrap)
     with WireClient(broker.bootstrap) as client:
-        pid, epoch = init_producer_id(client)
+        pid, epoch = new_producer(client)
 
         def send(seq: int, count: int = 1, epoch: int = epoch):
             batch = build_batch(
@@ -229,7 +220,7 @@ def test_idempotent_rules_hold_when_answering_before_sequencing(broker):
 def test_transactional_batches_are_refused_with_a_clear_error(broker):
     topic = create(broker.bootstrap)
     with WireClient(broker.bootstrap) as client:
-        pid, epoch = init_producer_id(client, f"tx-{uuid.uuid4().hex[:6]}")
+        pid, epoch = new_producer(client, f"tx-{uuid.uuid4().hex[:6]}")
         batch = build_batch(
             [(None, b"t", [], TS)],
             producer_id=pid,

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
-from tests.e2e.wire import WireClient, request
+from tests.e2e.wire import WireClient, init_producer_id
 from tests.support.brokerproc import BrokerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
@@ -57,19 +57,9 @@ def wait_for_snapshot(broker: BrokerProcess, topic: str) -> None:
     raise AssertionError(f"no snapshot naming {topic} in {path}")
 
 
-def init_producer_id(bootstrap: str) -> ErrorCode:
+def init_producer_id_error(bootstrap: str) -> ErrorCode:
     with WireClient(bootstrap) as client:
-        answer = client.call(
-            request(
-                22,
-                4,
-                transactional_id=None,
-                transaction_timeout=60_000,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-        )
-    return ErrorCode(answer.error_code)
+        return ErrorCode(init_producer_id(client).error_code)
 
 
 def wait_until(condition, timeout: float = 15.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
@@ -158,7 +148,7 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
         )
         down_at = time.monotonic()
         # What needs the store gets a retriable error; produces go on.
-        assert init_producer_id(broker.bootstrap) == ErrorCode.coordinator_not_available
+        assert init_producer_id_error(broker.bootstrap) == ErrorCode.coordinator_not_available
         time.sleep(OUTAGE_S)
         backlog = broker.stats()["journal"]["backlog_objects"]
         switch.unlink()
@@ -171,7 +161,7 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
             lambda: broker.stats().get("ripcord", {}).get("metadata_reachable") is True,
             what="the agent to find the store again",
         )
-        assert init_producer_id(broker.bootstrap) == ErrorCode.none
+        assert init_producer_id_error(broker.bootstrap) == ErrorCode.none
         time.sleep(1)
     finally:
         writer.stopping.set()

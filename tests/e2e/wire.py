@@ -334,3 +334,17 @@ def list_offsets(
     answer = client.call(request(2, version, **fields))
     (topic_answer,) = answer.topics
     return {int(p.partition_index): p for p in topic_answer.partitions}
+
+
+def init_producer_id(client: WireClient, transactional_id: str | None = None) -> Any:
+    """InitProducerId v4 for a new producer (idempotent, or with `transactional_id`)."""
+    return client.call(
+        request(
+            22,
+            4,
+            transactional_id=transactional_id,
+            transaction_timeout=60_000,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    )
