@@ -128,11 +128,12 @@ def read_all(bootstrap: str, topic: str, partitions: int, want: set[bytes]) -> l
         consumer.close()
 
 
+@pytest.mark.parametrize("agents", [1, 2])
 def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
-    start_broker, tmp_path
+    start_broker, tmp_path, agents
 ):
     switch = tmp_path / "metadata-down"
-    broker = start_broker(extra_args=ripcord_args(tmp_path, switch))
+    broker = start_broker(agents=agents, extra_args=ripcord_args(tmp_path, switch))
     topic, partitions = "ripcord", 3
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, partitions)])[topic].result(30)
@@ -143,14 +144,17 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
         wait_until(lambda: len(writer.acked) >= 50, what="acknowledgements before the outage")
         switch.touch()
         wait_until(
-            lambda: broker.stats().get("ripcord", {}).get("metadata_reachable") is False,
-            what="the agent to notice the outage",
+            lambda: all(
+                broker.stats(port).get("ripcord", {}).get("metadata_reachable") is False
+                for port in broker.ports
+            ),
+            what="the agents to notice the outage",
         )
         down_at = time.monotonic()
         # What needs the store gets a retriable error; produces go on.
         assert init_producer_id_error(broker.bootstrap) == ErrorCode.coordinator_not_available
         time.sleep(OUTAGE_S)
-        backlog = broker.stats()["journal"]["backlog_objects"]
+        backlog = sum(broker.stats(port)["journal"]["backlog_objects"] for port in broker.ports)
         switch.unlink()
         up_at = time.monotonic()
         during = [v for v, at in writer.acked if down_at < at < up_at]
@@ -158,8 +162,11 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
         assert len(during) >= OUTAGE_S * writer.rate / 2, len(during)
         assert backlog > 0  # answered, waiting for the store to be sequenced
         wait_until(
-            lambda: broker.stats().get("ripcord", {}).get("metadata_reachable") is True,
-            what="the agent to find the store again",
+            lambda: all(
+                broker.stats(port).get("ripcord", {}).get("metadata_reachable") is True
+                for port in broker.ports
+            ),
+            what="the agents to find the store again",
         )
         assert init_producer_id_error(broker.bootstrap) == ErrorCode.none
         time.sleep(1)
@@ -172,7 +179,8 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
     values = read_all(broker.bootstrap, topic, partitions, acked)
     assert acked <= set(values), f"{len(acked - set(values))} acknowledged records missing"
     wait_until(
-        lambda: broker.stats()["journal"]["backlog_objects"] == 0, what="the backlog to drain"
+        lambda: all(broker.stats(p)["journal"]["backlog_objects"] == 0 for p in broker.ports),
+        what="the backlog to drain",
     )
     assert "Traceback" not in broker.log_text()
 
