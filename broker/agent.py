@@ -21,7 +21,13 @@ from broker.config import BrokerConfig
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
-from broker.journal import JournalPipeline, JournalSweep, ProducerSequences, SweepSettings
+from broker.journal import (
+    SETTLE_S,
+    JournalPipeline,
+    JournalSweep,
+    ProducerSequences,
+    SweepSettings,
+)
 from broker.lifecycle import Lifecycle, LifecycleSettings
 from broker.memory import RequestMemory
 from broker.readahead import ReadAhead
@@ -47,7 +53,7 @@ TRANSACTION_CHECK_SECONDS = 1.0
 PEER_PROBE_SECONDS = 0.25
 PEER_PROBE_TIMEOUT_SECONDS = 0.2
 # How recent the view of the live agents must be for lightning partitions to be answered
-# (Agent.view_fresh); below broker.journal.SETTLE_S.
+# (Agent.view_fresh), at least; a new leader waits SETTLE_S - VIEW_FRESH_SECONDS longer.
 VIEW_FRESH_SECONDS = 1.0
 
 
@@ -100,6 +106,9 @@ class Agent:
             sequence_seconds=config.journal_sequence_ms / 1000,
             upload_limit_ms=config.journal_upload_limit_ms,
         )
+        # A view of the live agents is current for this long (view_fresh): a second, or
+        # two lease renewals where they are further apart.
+        self.view_fresh_s = max(VIEW_FRESH_SECONDS, 2 * config.lease_renew_ms / 1000)
         self.journal_sweep = JournalSweep(
             kv,
             self.sub,
@@ -122,6 +131,7 @@ class Agent:
             own_node_id=lambda: self.node_id,
             view_fresh=self.view_fresh,
             outage=self.in_outage,
+            settle_s=self.view_fresh_s + SETTLE_S - VIEW_FRESH_SECONDS,
         )
         self.node_id = -1
         self.cluster_id = ""
@@ -411,15 +421,15 @@ class Agent:
 
     def view_fresh(self) -> bool:
         """Whether the live agents were read from the store, and every peer probed,
-        within VIEW_FRESH_SECONDS: a change of membership older than that is known here.
+        within view_fresh_s: a change of membership older than that is known here.
         Lightning partitions are answered only while it holds (broker.journal), so that
         an agent slow to learn of a change stops answering for the partitions that
         moved before their new leader begins (SETTLE_S later)."""
         if self.config.ripcord and not self.metadata_reachable:
             # No agent can read a change from the store now: the probes are the news.
-            return time.monotonic() - self._probed_at < VIEW_FRESH_SECONDS
+            return time.monotonic() - self._probed_at < self.view_fresh_s
         oldest = min(self._live_read_at, self._probed_at)
-        return time.monotonic() - oldest < VIEW_FRESH_SECONDS
+        return time.monotonic() - oldest < self.view_fresh_s
 
     def in_outage(self) -> bool:
         """Ripcord mode with the metadata store unreachable."""

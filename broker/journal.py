@@ -394,6 +394,7 @@ class ProducerSequences:
         own_node_id: Callable[[], int] = lambda: -1,
         view_fresh: Callable[[], bool] = lambda: True,
         outage: Callable[[], bool] = lambda: False,
+        settle_s: float = SETTLE_S,
     ) -> None:
         self._kv = kv
         self._sub = sub
@@ -406,6 +407,7 @@ class ProducerSequences:
         self._own_node_id = own_node_id
         self._view_fresh = view_fresh
         self._outage = outage
+        self._settle_s = settle_s
         journal.may_answer = self.stable_since
         self._view: tuple[int, ...] | None = None
         self._view_changed_at = 0.0
@@ -437,7 +439,9 @@ class ProducerSequences:
         if self._settled:
             return True
         alone = view == (self._own_node_id(),)
-        if (not alone and now - self._view_changed_at < SETTLE_S) or now < self._next_drain_check:
+        if (
+            not alone and now - self._view_changed_at < self._settle_s
+        ) or now < self._next_drain_check:
             return False
         self._next_drain_check = now + DRAIN_CHECK_S
         try:
