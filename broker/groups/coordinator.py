@@ -203,8 +203,8 @@ class GroupCoordinator:
             logger.warning("giving up group %r: %s", group_id, exc.message)
             self._unload(slot, ErrorCode.not_coordinator)
             raise CoordinatorError(ErrorCode.not_coordinator) from None
-        except KVError:
-            logger.exception("metadata store failure for group %r", group_id)
+        except KVError as exc:  # the store is unavailable: expected, the client retries
+            logger.warning("metadata store failure for group %r: %s", group_id, exc)
             self._unload(slot, ErrorCode.coordinator_not_available)
             raise CoordinatorError(ErrorCode.coordinator_not_available) from None
         except CoordinatorError:

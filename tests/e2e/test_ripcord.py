@@ -3,7 +3,8 @@ unreachable (faulty+sqlite://...?unavailable_when=FILE) while producers write.
 
 - Producers of a classic topic see no error and are answered the whole time; every
   acknowledged record is readable once the store is back; coordinator requests get a
-  retriable error meanwhile.
+  retriable error meanwhile, and a group consumer that joins during the outage reads
+  everything once it is over, without a restart of anything.
 - An agent started while the store is down starts from the snapshot in the object store
   and accepts produces.
 
@@ -151,9 +152,24 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
             what="the agents to notice the outage",
         )
         down_at = time.monotonic()
-        # What needs the store gets a retriable error; produces go on.
+        # What needs the store gets a retriable error; produces go on. A group consumer
+        # that joins now gets nothing, and no fatal error, until the store is back.
         assert init_producer_id_error(broker.bootstrap) == ErrorCode.coordinator_not_available
-        time.sleep(OUTAGE_S)
+        group = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "group.id": "ripcord-group",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        group.subscribe([topic])
+        consumed: list[bytes] = []
+        while time.monotonic() - down_at < OUTAGE_S:
+            for m in group.consume(100, timeout=0.2):
+                if m.error() is None:
+                    consumed.append(m.value())
+                else:
+                    assert not m.error().fatal(), m.error()
         backlog = sum(broker.stats(port)["journal"]["backlog_objects"] for port in broker.ports)
         switch.unlink()
         up_at = time.monotonic()
@@ -176,8 +192,14 @@ def test_producers_write_through_a_metadata_outage_and_everything_is_read_after(
     assert writer.errors == []
     assert writer.pending == 0
     acked = {v for v, _at in writer.acked}
-    values = read_all(broker.bootstrap, topic, partitions, acked)
-    assert acked <= set(values), f"{len(acked - set(values))} acknowledged records missing"
+    # The consumer that joined during the outage reads everything once it is over.
+    deadline = time.monotonic() + 90
+    while not acked <= set(consumed) and time.monotonic() < deadline:
+        for m in group.consume(500, timeout=0.2):
+            if m.error() is None:
+                consumed.append(m.value())
+    group.close()
+    assert acked <= set(consumed), f"{len(acked - set(consumed))} acknowledged records missing"
     wait_until(
         lambda: all(broker.stats(p)["journal"]["backlog_objects"] == 0 for p in broker.ports),
         what="the backlog to drain",
