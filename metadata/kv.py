@@ -13,6 +13,8 @@ Shaped like FoundationDB so that the same layer code runs on every backend:
 
 Backends: `metadata.sqlite_kv` (embedded default) and `metadata.fdb_kv` (FoundationDB),
 both held to one contract (tests/metadata/test_kv_contract.py); `open_kv` picks one by URL.
+`faulty+<URL>` wraps either in `metadata.injected_kv` (injected outages and commit
+latency, for tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -83,7 +85,12 @@ class KVError(Exception):
 
 
 def open_kv(url: str) -> KV:
-    """Open a backend from a URL: sqlite:///abs/path.db, or fdb:// / fdb:///path/to/fdb.cluster."""
+    """Open a backend from a URL: sqlite:///abs/path.db, or fdb:// / fdb:///path/to/fdb.cluster;
+    faulty+ before either adds injected faults (metadata.injected_kv)."""
+    if url.startswith("faulty+"):
+        from metadata.injected_kv import open_injected
+
+        return open_injected(url, open_kv)
     if url.startswith("sqlite://"):
         from metadata.sqlite_kv import SQLiteKV
 
@@ -94,4 +101,6 @@ def open_kv(url: str) -> KV:
 
         # fdb:// -> the default cluster file; fdb:///path/to/fdb.cluster[?prefix=NAME]
         return FDBKV.from_url(url)
-    raise KVError(f"unknown metadata URL scheme: {url!r} (expected sqlite:// or fdb://)")
+    raise KVError(
+        f"unknown metadata URL scheme: {url!r} (expected sqlite://, fdb:// or faulty+ before either)"
+    )

@@ -41,6 +41,18 @@ def _sqlite_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return Backend("sqlite", f"sqlite://{path}", large_value_size=MiB)
 
 
+def _faulty_sqlite_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    # The fault-injection wrapper (metadata.injected_kv), its switch off: it must keep
+    # the contract of the store it wraps.
+    path = tmp_path / "metadata" / "kv.sqlite3"
+    switch = tmp_path / "metadata-down"
+    return Backend(
+        "faulty+sqlite",
+        f"faulty+sqlite://{path}?unavailable_when={switch}",
+        large_value_size=MiB,
+    )
+
+
 def _fdb_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     # A throwaway local fdbserver (or BUCKETLOG_TEST_FDB_CLUSTER_FILE), started once per
     # session; skips with FDB_MISSING when libfdb_c or fdbserver is not on this machine.
@@ -53,6 +65,7 @@ def _fdb_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
     "sqlite": _sqlite_backend,
+    "faulty+sqlite": _faulty_sqlite_backend,
     "fdb": _fdb_backend,
 }
 
