@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from metadata.injected_kv import Lognormal
-from storage.injected import InjectedLatencyStore
+from storage.injected import InjectedLatencyStore, put_ms_bucket
 from storage.local import LocalObjectStore
 
 
@@ -44,6 +44,7 @@ async def test_put_waits_its_delay_before_the_object_exists(tmp_path: Path) -> N
     stats = store.injected_stats
     assert stats["put_delays"] == 1 and stats["put_delay_us"] == 300_000
     assert stats["put_us"] >= 300_000
+    assert stats["put_ms_le"] == {put_ms_bucket(stats["put_us"] / 1000): 1}
     assert store.stats["puts"] == 1  # the wrapped store's counters, as they are
     await store.aclose()
 
@@ -102,3 +103,24 @@ async def test_a_failed_put_still_counts_its_time(tmp_path: Path) -> None:
     assert store.injected_stats["put_us"] >= 100_000
     assert await store.get("k") == b"1"
     await store.aclose()
+
+
+def test_put_time_buckets() -> None:
+    assert [put_ms_bucket(ms) for ms in (0, 0.2, 1, 1.01, 99.5, 100)] == [
+        "1", "1", "1", "2", "100", "100",
+    ]  # fmt: skip
+    assert [put_ms_bucket(ms) for ms in (100.1, 104.9, 499, 501, 4999, 5001)] == [
+        "105", "105", "500", "550", "5000", "inf",
+    ]  # fmt: skip
+
+
+def test_the_histogram_counts_every_put(tmp_path: Path) -> None:
+    store = InjectedLatencyStore(
+        LocalObjectStore(str(tmp_path / "objects")), put_delay=Lognormal(3, 9, seed=2)
+    )
+    for i in range(30):
+        store.put_sync(f"k{i}", b"x")
+    histogram = store.injected_stats["put_ms_le"]
+    assert sum(histogram.values()) == 30 and len(histogram) > 1
+    histogram["1"] = -1  # a copy: the store's own counts stay
+    assert sum(store.injected_stats["put_ms_le"].values()) == 30
