@@ -190,16 +190,15 @@ class Agent:
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Agent:
-        return cls(
-            config,
-            open_kv(config.resolved_metadata_url),
-            open_store(
-                config.resolved_storage_url,
-                s3_endpoint_url=config.s3_endpoint_url,
-                s3_region=config.s3_region,
-                s3_addressing_style=config.s3_addressing_style,
-            ),
+        store = open_store(
+            config.resolved_storage_url,
+            s3_endpoint_url=config.s3_endpoint_url,
+            s3_region=config.s3_region,
+            s3_addressing_style=config.s3_addressing_style,
         )
+        if config.inject_put_latency_ms or config.inject_get_latency_ms:
+            store = _with_injected_latency(store, config)
+        return cls(config, open_kv(config.resolved_metadata_url), store)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -481,3 +480,23 @@ async def _refuses(host: str, port: int) -> bool:
         )
     await stream.aclose()
     return False
+
+
+def _with_injected_latency(store: ObjectStore, config: BrokerConfig) -> ObjectStore:
+    """The store behind a wrapper that delays its PUTs and GETs (benchmarks and tests
+    only: --inject-put-latency-ms, --inject-get-latency-ms)."""
+    from metadata.injected_kv import Lognormal
+    from storage.injected import InjectedLatencyStore
+
+    put, get = config.inject_put_latency_ms, config.inject_get_latency_ms
+    wrapped = InjectedLatencyStore(
+        store,
+        put_delay=Lognormal(*put) if put else None,
+        get_delay=Lognormal(*get) if get else None,
+    )
+    logger.warning(
+        "object store latency injected (benchmarks and tests only): PUT %s, GET %s",
+        f"median {put[0]:g} ms, p99 {put[1]:g} ms" if put else "none",
+        f"median {get[0]:g} ms, p99 {get[1]:g} ms" if get else "none",
+    )
+    return wrapped

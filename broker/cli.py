@@ -50,6 +50,17 @@ def _on_agent_exit(value: str) -> OnAgentExit:
         raise argparse.ArgumentTypeError(f"expected {choices}, got {value!r}") from None
 
 
+def _latency_ms(value: str) -> tuple[float, float]:
+    """MEDIAN,P99 in milliseconds, checked as the lognormal model takes them."""
+    from metadata.injected_kv import Lognormal
+
+    try:
+        model = Lognormal.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return model.median_ms, model.p99_ms
+
+
 # (option, type, default, help): the single list the parser and the environment share.
 SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("host", str, "127.0.0.1", "address to listen on"),
@@ -92,6 +103,19 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "longest a produced batch waits for its flush (default: 2 local, 250 S3)",
     ),
     ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
+    (
+        "inject-put-latency-ms",
+        _latency_ms,
+        None,
+        "for benchmarks and tests only: every object-store PUT first waits a lognormal"
+        " delay with this median and p99, MEDIAN,P99 in ms (e.g. 5,15)",
+    ),
+    (
+        "inject-get-latency-ms",
+        _latency_ms,
+        None,
+        "for benchmarks and tests only: the same for every object-store GET",
+    ),
     ("cluster-name", str, "default", "name of the cluster inside the metadata store"),
     ("rack", str, None, "rack (zone) of this agent"),
     ("auto-create-topics", _bool, True, "create unknown topics on Metadata requests"),
@@ -326,6 +350,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         s3_addressing_style=args.s3_addressing_style,
         flush_interval_ms=args.flush_interval_ms,
         flush_bytes=args.flush_bytes,
+        inject_put_latency_ms=args.inject_put_latency_ms,
+        inject_get_latency_ms=args.inject_get_latency_ms,
         cluster_name=args.cluster_name,
         rack=args.rack,
         auto_create_topics=args.auto_create_topics,

@@ -39,6 +39,10 @@ class BrokerConfig:
     s3_region: str | None = None  # default: the AWS chain's
     s3_addressing_style: str | None = None  # path, virtual or auto; see storage/s3.py
     flush_interval_ms: int | None = None  # default depends on the store
+    # Benchmarks and tests only (storage.injected): every PUT / GET of the object store
+    # first waits a lognormal delay with this (median, p99) in milliseconds.
+    inject_put_latency_ms: tuple[float, float] | None = None
+    inject_get_latency_ms: tuple[float, float] | None = None
     flush_bytes: int | None = None
     cluster_name: str = "default"
     rack: str | None = None

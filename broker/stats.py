@@ -27,7 +27,7 @@ INTERVAL_SECONDS = 1.0
 
 def snapshot(agent: Agent) -> dict[str, Any]:
     """Every counter of the agent, as plain JSON values."""
-    return {
+    body: dict[str, Any] = {
         "pipeline": dataclasses.asdict(agent.pipeline.stats),
         "journal": {
             **dataclasses.asdict(agent.journal.stats),
@@ -53,6 +53,10 @@ def snapshot(agent: Agent) -> dict[str, Any]:
             **agent.request_memory.stats,
         },
     }
+    injected = getattr(agent.store, "injected_stats", None)
+    if injected is not None:  # --inject-put-latency-ms (benchmarks): storage.injected
+        body["store_injected"] = dict(injected)
+    return body
 
 
 def stats_path(data_dir: str, port: int) -> str:

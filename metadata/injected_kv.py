@@ -165,7 +165,12 @@ class InjectedFaultsKV:
         self.options = options
         latency = options.commit_latency
         self._delay = None if latency is None or latency.none else latency
-        self._counters = {"injected_unavailable": 0, "injected_delays": 0, "injected_delay_us": 0}
+        self._counters = {
+            "injected_unavailable": 0,
+            "injected_delays": 0,
+            "injected_delay_us": 0,
+            "transact_us": 0,  # the whole time of the read-write transactions, delays included
+        }
 
     def __repr__(self) -> str:
         return f"InjectedFaultsKV({self.inner!r}, {self.options})"
@@ -191,10 +196,14 @@ class InjectedFaultsKV:
 
     async def transact(self, fn: Callable[[Transaction], T]) -> T:
         self._check_available()
+        started = time.monotonic()
         delay = self._next_delay()
-        if delay > 0:
-            await anyio.sleep(delay)
-        return await self.inner.transact(fn)
+        try:
+            if delay > 0:
+                await anyio.sleep(delay)
+            return await self.inner.transact(fn)
+        finally:
+            self._counters["transact_us"] += round((time.monotonic() - started) * 1_000_000)
 
     async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
         self._check_available()
@@ -202,10 +211,14 @@ class InjectedFaultsKV:
 
     def transact_sync(self, fn: Callable[[Transaction], T]) -> T:
         self._check_available()
+        started = time.monotonic()
         delay = self._next_delay()
-        if delay > 0:
-            time.sleep(delay)
-        return self.inner.transact_sync(fn)
+        try:
+            if delay > 0:
+                time.sleep(delay)
+            return self.inner.transact_sync(fn)
+        finally:
+            self._counters["transact_us"] += round((time.monotonic() - started) * 1_000_000)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

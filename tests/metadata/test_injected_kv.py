@@ -179,6 +179,7 @@ async def test_transact_waits_its_delay_without_blocking_the_event_loop(tmp_path
         assert ticks >= 5  # the loop ran other tasks meanwhile (30 would be expected)
         assert kv.stats["injected_delays"] == 1
         assert kv.stats["injected_delay_us"] == 300_000
+        assert kv.stats["transact_us"] >= 300_000  # the delay and the commit
         # Read-only transactions are not delayed.
         assert await kv.read(lambda tr: tr.get(b"k")) == b"v"
         assert kv.stats["injected_delays"] == 1

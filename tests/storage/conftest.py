@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.injected import InjectedLatencyStore
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStore
 from storage.s3 import S3ObjectStore
@@ -21,11 +22,18 @@ def make_s3_store(endpoint_url: str) -> S3ObjectStore:
     )
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "injected-latency"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
-    """Each object store implementation in turn."""
+    """Each object store implementation in turn (and the latency-injecting wrapper, which
+    must keep the contract of the store it wraps)."""
     if request.param == "local":
         made: ObjectStore = LocalObjectStore(str(tmp_path / "objects"))
+    elif request.param == "injected-latency":
+        made = InjectedLatencyStore(
+            LocalObjectStore(str(tmp_path / "objects")),
+            put_delay=lambda: 0.001,
+            get_delay=lambda: 0.001,
+        )
     else:
         made = make_s3_store(request.getfixturevalue("moto_s3"))
     yield made

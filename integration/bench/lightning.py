@@ -1,0 +1,764 @@
+"""Lightning against classic topics under an object-store latency model: produce and
+end-to-end latency at a fixed rate.
+
+    .venv/bin/python integration/bench/lightning.py [--seconds 15] [--warmup-s 3]
+                                                    [--rate 500] [--label lightning]
+
+What it does:
+
+1. starts moto's S3 server (`moto_server`, one bucket) and measures its own PUT latency
+   from this process (the rig adds it to every modelled PUT);
+2. for each latency model (S3 Express One Zone-like, S3 Standard-like; see MODELS and
+   integration/bench/README.md for the figures and where they come from), each flush
+   interval (25 and 250 ms) and each topic type (classic, lightning): starts a fresh
+   `bucketlog serve --agents 1` on the S3 store with `--inject-put-latency-ms` (the
+   model's PUT latency) and a `faulty+sqlite://` metadata URL with `commit_latency_ms`
+   (the model's metadata commit latency), creates a one-partition topic, and runs one
+   confluent-kafka producer (acks=all, linger.ms=5) at `--rate` 1 KiB records/s with
+   one tailing consumer in this process: `--warmup-s` not recorded, then `--seconds`
+   recorded. Produce latency = delivery callback - send; end-to-end = consumer receive
+   - the send time carried in the record's first 8 bytes. Each with two producers
+   (PRODUCERS): idempotent, the issue's workload, and one with idempotence off and its
+   requests pipelined (librdkafka's idempotent producer sends one request per partition
+   at a time); and, as a diagnostic, lightning with the journal sweep put off
+   (DIAGNOSTICS);
+3. writes results/<date>-<label>.json, .md and .png (latency CDFs, classic against
+   lightning, per model, flush interval and producer), with the machine's description
+   and the targets checked: lightning produce p99 <= the model's PUT p99 + flush
+   interval + 5 ms, and lightning end-to-end p99 <= classic end-to-end p99.
+
+`--render JSON` writes the markdown and the plot again from a report and runs nothing.
+Takes about 7.5 minutes on 2 cores (20 runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run as bench  # noqa: E402  (the harness's helpers: systems, ports, machine)
+
+RECORD_SIZE = 1024
+LINGER_MS = 5
+FLUSH_INTERVALS_MS = (25, 250)
+TOPIC_TYPES = ("classic", "lightning")
+# A diagnostic run: lightning with the journal sweep put off past the run (it lists the
+# whole journal every --journal-sweep-interval-ms, 10 s by default), for the producer
+# without the client's queue. Name -> (topic type, agent arguments, producers).
+DIAGNOSTICS: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
+    "lightning-no-sweep": (
+        "lightning",
+        ["--journal-sweep-interval-ms", "600000"],
+        ("unbounded",),
+    ),
+}
+# The producer the issue asks for, and one that pipelines its requests: librdkafka's
+# idempotent producer sends one Produce request per partition at a time (librdkafka PR
+# 4989, open), so with one partition a record waits in the client for the previous
+# request's answer, i.e. for up to a whole flush cycle, before its own.
+PRODUCERS: dict[str, dict[str, Any]] = {
+    "idempotent": {"enable.idempotence": True},
+    "unbounded": {"enable.idempotence": False, "max.in.flight.requests.per.connection": 1000},
+}
+BUCKET = "bench-lightning"
+TARGET_MARGIN_MS = 5.0
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    # Keep a developer's own AWS profile out of it.
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+# Latency models: (median, p99) in ms. Sources in integration/bench/README.md
+# ("Lightning topics under an object-store latency model"); what no source states is
+# marked as an assumption there and in the results.
+MODELS: dict[str, dict[str, Any]] = {
+    "s3-express-one-zone": {
+        "title": "S3 Express One Zone-like",
+        "put_ms": (5.0, 15.0),
+        "commit_ms": (3.0, 10.0),
+    },
+    "s3-standard": {
+        "title": "S3 Standard-like",
+        "put_ms": (40.0, 200.0),
+        "commit_ms": (3.0, 10.0),
+    },
+}
+SOURCES = [
+    "S3 Express One Zone: 'consistent single-digit millisecond first-byte read and write "
+    "request latencies - up to 10x faster than S3 Standard' "
+    "(https://docs.aws.amazon.com/AmazonS3/latest/userguide/s3-express-performance.html). "
+    "Median 5 ms from it; p99 15 ms is an assumption (AWS states no percentile).",
+    "S3 Standard: 'when you make smaller requests (for example, less than 512 KB), where "
+    "median latencies are often in the tens of milliseconds range' (https://docs.aws.amazon"
+    ".com/whitepapers/latest/s3-optimizing-performance-best-practices/timeouts-and-retries-"
+    "for-latency-sensitive-applications.html); WarpStream: 'the minimum latency for a PUT "
+    "operation in traditional object stores is on the order of a few hundred milliseconds' "
+    "(https://www.warpstream.com/blog/the-art-of-being-lazy-log-lower-latency-and-higher-"
+    "availability-with-delayed-sequencing). Median 40 ms from the first; p99 200 ms is an "
+    "assumption between the two.",
+    "Metadata commit (FoundationDB): at under 75% load, start transaction 0.3-1 ms, read "
+    "0.1-1 ms, commit 1.5-2.5 ms (https://apple.github.io/foundationdb/performance.html). "
+    "Median 3 ms for a transaction (start, reads, commit); p99 10 ms is an assumption.",
+    "WarpStream's figures for comparison (same blog post; docs.warpstream.com 'Low Latency "
+    "Clusters'): S3 Express One Zone, 25 ms batch timeout, 10 ms linger: lightning produce "
+    "p50 33 ms, p99 50 ms; classic on S3 Express One Zone p50 105 ms, p99 170 ms.",
+]
+
+
+def log(line: str) -> None:
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {line}", flush=True)
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
+
+
+def summary(values_s: list[float]) -> dict[str, float]:
+    if not values_s:
+        return {"n": 0}
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(pct(ms, 50), 2),
+        "p99_ms": round(pct(ms, 99), 2),
+        "max_ms": round(max(ms), 2),
+    }
+
+
+# The quantiles kept for the plot: every 0.5% up to 99%, then every 0.1%.
+QUANTILE_GRID = [i / 1000 for i in range(0, 990, 5)] + [i / 1000 for i in range(990, 1001)]
+
+
+def quantiles(values_s: list[float]) -> list[float]:
+    """values_s's quantiles at QUANTILE_GRID, in ms."""
+    if not values_s:
+        return []
+    ordered = sorted(values_s)
+    last = len(ordered) - 1
+    return [round(ordered[round(last * q)] * 1000, 2) for q in QUANTILE_GRID]
+
+
+# -- moto -------------------------------------------------------------------------------
+
+
+class Moto:
+    """moto's S3 server in a process of its own, with one bucket."""
+
+    def __init__(self) -> None:
+        self.port = bench.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(bench.VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        bench.wait_port(self.port, time.monotonic() + 30)
+        self.client().create_bucket(Bucket=BUCKET)
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.session.Session().client("s3", endpoint_url=self.url, region_name="us-east-1")
+
+    def put_latency(self, size: int, count: int) -> dict[str, float]:
+        """PUT latency of moto alone, from this process, objects of `size` bytes."""
+        client = self.client()
+        body = os.urandom(size)
+        took = []
+        for i in range(count):
+            started = time.monotonic()
+            client.put_object(Bucket=BUCKET, Key=f"probe/{size}/{i}", Body=body, IfNoneMatch="*")
+            took.append(time.monotonic() - started)
+        return summary(took)
+
+    def stop(self) -> None:
+        bench.stop_proc(self.proc)
+
+
+# -- one run ----------------------------------------------------------------------------
+
+
+def agent_stats(system: bench.Bucketlog) -> dict[str, Any]:
+    path = system.dir / "data" / f"stats-{system.port}.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def fresh_stats(system: bench.Bucketlog) -> dict[str, Any]:
+    """The agent's counters as of now (it writes them once a second when they change)."""
+    time.sleep(1.2)
+    return agent_stats(system)
+
+
+def counter_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    out = {}
+    for group in ("pipeline", "journal", "store", "store_injected", "metadata"):
+        for name, value in after.get(group, {}).items():
+            if isinstance(value, int):
+                out[f"{group}.{name}"] = value - int(before.get(group, {}).get(name, 0))
+    return out
+
+
+def put_time(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """p50/p99/max of the PUTs' whole time as the agent saw it (injected delay + moto),
+    from the histogram of storage.injected (1 ms buckets below 100 ms; upper bounds)."""
+    old = before.get("store_injected", {}).get("put_ms_le", {})
+    new = after.get("store_injected", {}).get("put_ms_le", {})
+    counts = sorted(
+        (float(bound), count - old.get(bound, 0))
+        for bound, count in new.items()
+        if count - old.get(bound, 0) > 0
+    )
+    total = sum(count for _bound, count in counts)
+    if not total:
+        return {"n": 0}
+    out: dict[str, float] = {"n": total}
+    for label, p in (("p50_ms", 50), ("p99_ms", 99)):
+        seen = 0
+        for bound, count in counts:
+            seen += count
+            if seen >= total * p / 100:
+                out[label] = bound
+                break
+    out["max_ms"] = counts[-1][0]
+    return out
+
+
+def create_topic(bootstrap: str, name: str, topic_type: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"bucketlog.topic.type": topic_type}
+    admin.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=10).topics.get(name)
+        if (
+            md is not None
+            and md.error is None
+            and all(p.leader >= 0 for p in md.partitions.values())
+        ):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"topic {name} has no leader")
+
+
+def fixed_rate(
+    bootstrap: str,
+    topic: str,
+    producer_config: dict[str, Any],
+    rate: int,
+    warmup_s: float,
+    seconds: float,
+    on_measuring: Any,
+) -> dict[str, Any]:
+    """One producer at `rate` records/s and one tailing consumer; latencies of the records
+    sent after the warm-up."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{topic}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 500,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, -1)])  # the end: a tailing consumer
+    e2e: list[float] = []
+    stop = threading.Event()
+    measured_from_ns = [0]
+
+    def tail() -> None:
+        while not stop.is_set():
+            m = consumer.poll(0.1)
+            if m is not None and m.error() is None:
+                sent_ns = int.from_bytes(m.value()[:8], "big")
+                if measured_from_ns[0] and sent_ns >= measured_from_ns[0]:
+                    e2e.append(time.time() - sent_ns / 1e9)
+
+    reader = threading.Thread(target=tail, daemon=True)
+    reader.start()
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": LINGER_MS,
+            **producer_config,
+        }
+    )
+    pad = b"x" * (RECORD_SIZE - 8)
+    acks: list[float] = []
+    errors: list[str] = []
+    sent = 0
+    warmup_n = int(rate * warmup_s)
+    total = warmup_n + int(rate * seconds)
+    start = time.monotonic()
+    for i in range(total):
+        if i == warmup_n:
+            on_measuring()
+            measured_from_ns[0] = time.time_ns()
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            producer.poll(delay)
+        measured = i >= warmup_n
+        sent_at = time.monotonic()
+
+        def delivered(
+            err: Any, _msg: Any, sent_at: float = sent_at, measured: bool = measured
+        ) -> None:
+            if err is not None:
+                errors.append(str(err))
+            elif measured:
+                acks.append(time.monotonic() - sent_at)
+
+        producer.produce(
+            topic, time.time_ns().to_bytes(8, "big") + pad, partition=0, on_delivery=delivered
+        )
+        sent += measured
+    produce_s = time.monotonic() - start - warmup_s
+    left = producer.flush(30)
+    deadline = time.monotonic() + 15
+    while len(e2e) < sent and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    reader.join(10)
+    consumer.close()
+    return {
+        "records": sent,
+        "achieved_rate": round(sent / produce_s, 1),
+        "acked": len(acks),
+        "errors": len(errors),
+        "error_examples": sorted(set(errors))[:3],
+        "unflushed": left,
+        "seen": len(e2e),
+        "produce": summary(acks),
+        "end_to_end": summary(e2e),
+        # For the plot: the quantiles at QUANTILE_GRID (not every record).
+        "produce_ms": quantiles(acks),
+        "end_to_end_ms": quantiles(e2e),
+    }
+
+
+def one_run(
+    moto: Moto,
+    model: dict[str, Any],
+    flush_ms: int,
+    producer: str,
+    topic_type: str,
+    args: argparse.Namespace,
+    agent_args: list[str] | None = None,
+) -> dict[str, Any]:
+    put, commit = model["put_ms"], model["commit_ms"]
+    prefix = f"run-{uuid.uuid4().hex[:8]}"
+    system = bench.Bucketlog(1)
+    metadata = f"faulty+sqlite://{system.dir}/data/metadata.db?commit_latency_ms={commit[0]:g},{commit[1]:g}"
+    system.extra_args = [
+        "--storage", f"s3://{BUCKET}/{prefix}",
+        "--s3-endpoint-url", moto.url,
+        "--metadata", metadata,
+        "--flush-interval-ms", str(flush_ms),
+        "--inject-put-latency-ms", f"{put[0]:g},{put[1]:g}",
+        *(agent_args or []),
+    ]  # fmt: skip
+    try:
+        system.start()
+        topic = f"{topic_type}-{flush_ms}-{producer}-{uuid.uuid4().hex[:6]}"
+        create_topic(system.bootstrap, topic, topic_type)
+        marks: dict[str, Any] = {}
+
+        def cpu() -> tuple[float, float, float]:
+            assert moto.proc is not None
+            own = os.times()
+            return (
+                bench.tree_cpu_seconds(system.root_pid),
+                bench.tree_cpu_seconds(moto.proc.pid),
+                own.user + own.system,
+            )
+
+        def on_measuring() -> None:
+            marks["stats"] = agent_stats(system)
+            marks["cpu"] = cpu()
+
+        result = fixed_rate(
+            system.bootstrap,
+            topic,
+            PRODUCERS[producer],
+            args.rate,
+            args.warmup_s,
+            args.seconds,
+            on_measuring,
+        )
+        used = [round((b - a) / args.seconds, 2) for a, b in zip(marks["cpu"], cpu(), strict=True)]
+        after = fresh_stats(system)
+        deltas = counter_deltas(marks["stats"], after)
+        puts = deltas.get("store_injected.put_delays", 0)
+        # Cores busy while measuring (the flush and the wait for the consumer included).
+        result["cpu_cores"] = dict(zip(("broker", "moto", "clients"), used, strict=True))
+        # Other work on the machine shows here (the 1-minute load average at the end).
+        result["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        result["put_seen_by_agent"] = put_time(marks["stats"], after)
+        result["counters"] = deltas
+        if puts:
+            # What the agent saw: the injected delay, and the whole PUT (delay + moto).
+            result["mean_injected_put_ms"] = round(
+                deltas["store_injected.put_delay_us"] / puts / 1000, 2
+            )
+            result["mean_put_ms"] = round(deltas["store_injected.put_us"] / puts / 1000, 2)
+        delays = deltas.get("metadata.injected_delays", 0)
+        if delays:
+            result["mean_injected_commit_ms"] = round(
+                deltas["metadata.injected_delay_us"] / delays / 1000, 2
+            )
+            # The whole transaction as the agent saw it (delay, SQLite's commit, threads).
+            result["mean_commit_ms"] = round(deltas["metadata.transact_us"] / delays / 1000, 2)
+        return result
+    finally:
+        system.stop()
+
+
+# -- the report -------------------------------------------------------------------------
+
+
+def target_ms(model: dict[str, Any], flush_ms: int) -> float:
+    return float(model["put_ms"][1]) + flush_ms + TARGET_MARGIN_MS
+
+
+def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, model in report["models"].items():
+        for flush_ms in report["settings"]["flush_intervals_ms"]:
+            for producer in report["settings"]["producers"]:
+                runs = report["runs"][name][str(flush_ms)][producer]
+                classic, lightning = runs["classic"], runs["lightning"]
+                limit = target_ms(model, flush_ms)
+                seen = lightning["put_seen_by_agent"].get("p99_ms")
+                produce_p99 = lightning["produce"]["p99_ms"]
+                out.append(
+                    {
+                        "model": name,
+                        "flush_ms": flush_ms,
+                        "producer": producer,
+                        "lightning_produce_p99_ms": produce_p99,
+                        "produce_target_ms": limit,
+                        "produce_ok": produce_p99 <= limit,
+                        # The same target with the PUT p99 the agent saw (model + moto).
+                        "put_p99_seen_ms": seen,
+                        "produce_target_seen_ms": None
+                        if seen is None
+                        else seen + flush_ms + TARGET_MARGIN_MS,
+                        "produce_ok_seen": seen is not None
+                        and produce_p99 <= seen + flush_ms + TARGET_MARGIN_MS,
+                        "lightning_e2e_p99_ms": lightning["end_to_end"]["p99_ms"],
+                        "classic_e2e_p99_ms": classic["end_to_end"]["p99_ms"],
+                        "e2e_ok": lightning["end_to_end"]["p99_ms"]
+                        <= classic["end_to_end"]["p99_ms"],
+                        # The diagnostic run, where there is one (not a target).
+                        "no_sweep_produce_p99_ms": runs.get("lightning-no-sweep", {})
+                        .get("produce", {})
+                        .get("p99_ms"),
+                        "no_sweep_e2e_p99_ms": runs.get("lightning-no-sweep", {})
+                        .get("end_to_end", {})
+                        .get("p99_ms"),
+                    }
+                )
+    return out
+
+
+def loadavg(values: list[float] | None) -> str:
+    return "?" if not values else " / ".join(f"{v:.2f}" for v in values)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    machine = report["machine"]
+    lines = [
+        f"# Lightning vs classic topics under an object-store latency model ({report['date']})",
+        "",
+        f"Machine: {report['machine_line']}. Load average (1, 5, 15 min) at start "
+        f"{loadavg(machine['loadavg_at_start'])}, at end {loadavg(machine.get('loadavg_at_end'))}"
+        f"{'; ' + machine['note'] if machine.get('note') else ''}. "
+        f"Took {report.get('duration_s')} s. Made by `integration/bench/lightning.py`.",
+        "",
+        "One `bucketlog serve --agents 1` per row (fresh data dir), the S3 store on moto "
+        "(`moto_server`, same machine) with `--inject-put-latency-ms`, SQLite metadata behind "
+        "`faulty+sqlite://...?commit_latency_ms=`; one partition; one confluent-kafka producer "
+        f"at {s['rate']} records/s of {s['record_size']} B (acks=all, linger.ms="
+        f"{s['linger_ms']}) and one tailing consumer in the same process; "
+        f"{s['warmup_s']:g} s warm-up not recorded, then {s['seconds']:g} s recorded. "
+        "Produce = delivery callback - send; end-to-end = received - send time in the record.",
+        "",
+        "Producers: **idempotent** (`enable.idempotence=true`, the issue's workload) and "
+        "**unbounded** (`enable.idempotence=false`, `max.in.flight.requests.per.connection="
+        "1000`). librdkafka's idempotent producer sends one Produce request per partition at "
+        "a time whatever max.in.flight says (https://github.com/confluentinc/librdkafka/pull/"
+        "4989, open), so with one partition its records wait in the client for the previous "
+        "request's answer, a whole flush cycle; the unbounded producer pipelines its "
+        "requests and shows the broker's own latency. **lightning-no-sweep** (a diagnostic, "
+        "unbounded producer only): lightning with `--journal-sweep-interval-ms 600000`, so "
+        "that the journal sweep (a listing of the whole journal every 10 s) does not run "
+        "during the run.",
+        "",
+        "## Latency models (median, p99 in ms; lognormal fitted to both)",
+        "",
+        "| model | PUT | metadata commit |",
+        "|---|---|---|",
+    ]
+    for model in report["models"].values():
+        put, commit = model["put_ms"], model["commit_ms"]
+        lines.append(
+            f"| {model['title']} | {put[0]:g}, {put[1]:g} | {commit[0]:g}, {commit[1]:g} |"
+        )
+    lines += ["", "Sources and assumptions:", ""]
+    lines += [f"- {source}" for source in report["sources"]]
+    probe = report["moto_put_latency"]
+    lines += [
+        "",
+        "The rig's own PUT time comes on top of the model's. moto alone, measured from the "
+        "benchmark process before the runs (one PUT at a time, If-None-Match): "
+        + "; ".join(
+            f"{int(size) // 1024} KiB p50 {v['p50_ms']} ms, p99 {v['p99_ms']} ms, "
+            f"max {v['max_ms']} ms"
+            for size, v in probe.items()
+        )
+        + ". The column *PUT seen* is the whole PUT as the agent timed it (injected delay + "
+        "moto + thread hand-off; storage.injected's histogram, 1 ms buckets); *commit seen* "
+        "the mean metadata transaction (injected delay + SQLite's commit with its fsync).",
+        "",
+        "## Results (ms)",
+        "",
+        "| model | flush | producer | topic | produce p50 | p99 | max | e2e p50 | p99 | max "
+        "| records (seen) | errors | PUT seen p50 / p99 | commit seen (mean) "
+        "| cores: broker / moto / clients |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, model in report["models"].items():
+        for flush_ms in s["flush_intervals_ms"]:
+            for producer in s["producers"]:
+                for topic_type, r in report["runs"][name][str(flush_ms)][producer].items():
+                    p, e, put = r["produce"], r["end_to_end"], r["put_seen_by_agent"]
+                    cores = r["cpu_cores"]
+                    lines.append(
+                        f"| {model['title']} | {flush_ms} | {producer} | {topic_type} | "
+                        f"{p['p50_ms']} | {p['p99_ms']} | {p['max_ms']} | {e['p50_ms']} | "
+                        f"{e['p99_ms']} | {e['max_ms']} | {r['records']} ({r['seen']}) | "
+                        f"{r['errors']} | {put.get('p50_ms', '-')} / {put.get('p99_ms', '-')} | "
+                        f"{r.get('mean_commit_ms', '-')} | "
+                        f"{cores['broker']} / {cores['moto']} / {cores['clients']} |"
+                    )
+    lines += [
+        "",
+        "## Targets",
+        "",
+        f"Lightning produce p99 <= the model's PUT p99 + flush interval + {TARGET_MARGIN_MS:g} "
+        "ms (and, for reference, the same with the PUT p99 the agent saw, model + moto); "
+        "lightning end-to-end p99 <= classic end-to-end p99.",
+        "",
+        "| model | flush | producer | lightning produce p99 | target (model PUT p99) | met "
+        "| target (PUT p99 seen) | met | lightning e2e p99 | classic e2e p99 | met "
+        "| no-sweep produce / e2e p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def yes(ok: bool) -> str:
+        return "yes" if ok else "**no**"
+
+    for c in report["checks"]:
+        title = report["models"][c["model"]]["title"]
+        lines.append(
+            f"| {title} | {c['flush_ms']} | {c['producer']} | {c['lightning_produce_p99_ms']} | "
+            f"{c['produce_target_ms']:g} | {yes(c['produce_ok'])} | "
+            f"{c['produce_target_seen_ms']} | {yes(c['produce_ok_seen'])} | "
+            f"{c['lightning_e2e_p99_ms']} | {c['classic_e2e_p99_ms']} | {yes(c['e2e_ok'])} | "
+            + (
+                f"{c['no_sweep_produce_p99_ms']} / {c['no_sweep_e2e_p99_ms']} |"
+                if c.get("no_sweep_produce_p99_ms") is not None
+                else "- |"
+            )
+        )
+    if report.get("notes"):
+        lines += ["", "## Notes", "", report["notes"]]
+    lines += ["", f"Plot: `{report['plot']}` (latency CDFs).", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = report["settings"]
+    rows = [(name, producer) for name in report["models"] for producer in s["producers"]]
+    flushes = s["flush_intervals_ms"]
+    fig, axes = plt.subplots(
+        len(rows), len(flushes), figsize=(6 * len(flushes), 3.6 * len(rows)), squeeze=False
+    )
+    colors = {"classic": "tab:blue", "lightning": "tab:orange", "lightning-no-sweep": "tab:green"}
+    for row, (name, producer) in enumerate(rows):
+        model = report["models"][name]
+        for col, flush_ms in enumerate(flushes):
+            ax = axes[row][col]
+            for topic_type, r in report["runs"][name][str(flush_ms)][producer].items():
+                for key, style, what in (
+                    ("produce_ms", "-", "produce"),
+                    ("end_to_end_ms", "--", "end-to-end"),
+                ):
+                    values = r[key]  # at the quantiles of the grid
+                    if not values:
+                        continue
+                    ys = s["quantile_grid"]
+                    ax.plot(
+                        values, ys, style, color=colors[topic_type], label=f"{topic_type} {what}"
+                    )
+            ax.axvline(target_ms(model, flush_ms), color="red", linewidth=0.8, linestyle=":")
+            ax.axhline(0.99, color="grey", linewidth=0.5)
+            ax.set_xscale("log")
+            ax.set_ylim(0, 1.01)
+            ax.set_title(f"{model['title']}, flush {flush_ms} ms, {producer} producer", fontsize=9)
+            ax.set_xlabel("ms (red: lightning produce p99 target)", fontsize=8)
+            ax.set_ylabel("fraction of records", fontsize=8)
+            ax.grid(True, alpha=0.3, which="both")
+            ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Latency CDFs, classic vs lightning (solid: produce, dashed: end-to-end)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--warmup-s", type=float, default=3)
+    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--producers", default=",".join(PRODUCERS))
+    parser.add_argument(
+        "--flush-intervals-ms", default=",".join(str(ms) for ms in FLUSH_INTERVALS_MS)
+    )
+    parser.add_argument("--no-diagnostics", action="store_true", help="skip DIAGNOSTICS' runs")
+    parser.add_argument("--label", default="lightning")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--note", default="", help="what else ran on the machine, if known")
+    parser.add_argument("--render", metavar="JSON", help="only write the .md and .png again")
+    args = parser.parse_args()
+    if args.render:
+        source = Path(args.render)
+        report = json.loads(source.read_text())
+        plot(report, source.with_suffix(".png"))
+        source.with_suffix(".md").write_text(markdown(report))
+        return 0
+
+    os.environ.update(CREDENTIALS)
+    # This checkout's broker (BENCH_BUCKETLOG: another command, as for run.py).
+    os.environ.setdefault("BENCH_BUCKETLOG", f"{sys.executable} -m broker.cli")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(bench.REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    started = datetime.datetime.now(datetime.UTC)
+    machine = bench.machine()
+    machine.pop("kafka", None)
+    if args.note:
+        machine["note"] = args.note
+    models = {name: MODELS[name] for name in args.models.split(",")}
+    producers = args.producers.split(",")
+    flush_intervals = [int(ms) for ms in args.flush_intervals_ms.split(",")]
+    report: dict[str, Any] = {
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine,
+        "machine_line": (
+            f"{machine['nproc']} cores ({machine['cpu_model']}), {machine['memory_gb']} GB, "
+            f"Linux {machine['kernel']}, Python {machine['python']}"
+        ),
+        "settings": {
+            "rate": args.rate,
+            "record_size": RECORD_SIZE,
+            "linger_ms": LINGER_MS,
+            "seconds": args.seconds,
+            "warmup_s": args.warmup_s,
+            "flush_intervals_ms": flush_intervals,
+            "quantile_grid": QUANTILE_GRID,
+            "topic_types": list(TOPIC_TYPES),
+            "diagnostics": {
+                k: {"agent_args": v[1], "producers": v[2]} for k, v in DIAGNOSTICS.items()
+            },
+            "producers": producers,
+            "producer_configs": {name: PRODUCERS[name] for name in producers},
+        },
+        "models": models,
+        "sources": SOURCES,
+        "runs": {},
+    }
+    moto = Moto()
+    moto.start()
+    try:
+        # About one flush's object at 25 ms and at 250 ms of 500 records/s.
+        report["moto_put_latency"] = {
+            str(size): moto.put_latency(size, 200) for size in (16 * 1024, 128 * 1024)
+        }
+        log(f"moto PUT latency: {report['moto_put_latency']}")
+        for name, model in models.items():
+            for flush_ms in flush_intervals:
+                for producer in producers:
+                    kinds = [(t, t, []) for t in TOPIC_TYPES] + [
+                        (kind, topic_type, agent_args)
+                        for kind, (topic_type, agent_args, only) in DIAGNOSTICS.items()
+                        if producer in only and not args.no_diagnostics
+                    ]
+                    for kind, topic_type, agent_args in kinds:
+                        log(f"{name}, flush {flush_ms} ms, {producer} producer, {kind}")
+                        result = one_run(
+                            moto, model, flush_ms, producer, topic_type, args, agent_args
+                        )
+                        result["agent_args"] = agent_args
+                        runs = report["runs"].setdefault(name, {}).setdefault(str(flush_ms), {})
+                        runs.setdefault(producer, {})[kind] = result
+                        log(
+                            f"  produce {result['produce']}, end-to-end {result['end_to_end']},"
+                            f" errors {result['errors']}, PUT seen {result['put_seen_by_agent']},"
+                            f" cores {result['cpu_cores']}"
+                        )
+    finally:
+        moto.stop()
+    report["checks"] = checks(report)
+    report["duration_s"] = round((datetime.datetime.now(datetime.UTC) - started).total_seconds())
+    report["machine"]["loadavg_at_end"] = os.getloadavg()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = started.strftime("%Y-%m-%d") + f"-{args.label}"
+    report["plot"] = f"{stem}.png"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, out / f"{stem}.png")
+    (out / f"{stem}.md").write_text(markdown(report))
+    log(f"wrote {out / stem}.md, .json and .png")
+    for c in report["checks"]:
+        log(str(c))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
