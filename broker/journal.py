@@ -636,21 +636,40 @@ class JournalSweep:
         return done
 
     async def _waiting_by_sequence(
-        self,
+        self, *, every_sequence: bool = True
     ) -> tuple[dict[str, int], dict[str, dict[int, ObjectInfo]]]:
-        """The objects of other processes' sequences in the store, and each sequence's
-        next number to sequence."""
-        by_sequence: dict[str, dict[int, ObjectInfo]] = {}
-        for info in await self._store.list(journal_layer.PREFIX):
-            parsed = journal_layer.parse_key(info.key)
-            if parsed is not None and parsed[0] not in self._pipeline.sequences:
-                by_sequence.setdefault(parsed[0], {})[parsed[1]] = info
-        if not by_sequence:
+        """The objects waiting to be sequenced in other processes' sequences, and each
+        such sequence's next number. Each sequence is listed from its next number on, so
+        that the objects already sequenced (most of the journal, until compaction and
+        GC remove them) are never read. `every_sequence=False` (the periodic sweep)
+        leaves out the sequences sequenced within the idle time: their writers are at
+        work, and listing them would only cost requests."""
+        sequences = [
+            s
+            for s in await self._store.list_folders(journal_layer.PREFIX)
+            if s not in self._pipeline.sequences
+        ]
+        if not sequences:
             return {}, {}
-        nexts = await self._kv.read(
-            lambda tr: journal_layer.next_of_each(tr, self._sub, list(by_sequence))
-        )
-        return nexts, by_sequence
+        records = await self._kv.read(lambda tr: journal_layer.records_of(tr, self._sub, sequences))
+        now_ms = self._clock() * 1000
+        by_sequence: dict[str, dict[int, ObjectInfo]] = {}
+        for sequence in sequences:
+            next_n, updated_ms = records[sequence]
+            if (
+                not every_sequence
+                and updated_ms is not None
+                and now_ms - updated_ms < self.settings.idle_ms
+            ):
+                continue
+            after = journal_layer.object_key(sequence, next_n - 1) if next_n > 0 else ""
+            for info in await self._store.list(
+                f"{journal_layer.PREFIX}{sequence}/", start_after=after
+            ):
+                parsed = journal_layer.parse_key(info.key)
+                if parsed is not None and parsed[1] >= next_n:
+                    by_sequence.setdefault(sequence, {})[parsed[1]] = info
+        return {s: records[s][0] for s in by_sequence}, by_sequence
 
     async def run(self, on_store_failure: Callable[[str, Exception], None] | None = None) -> None:
         report = on_store_failure or (lambda message, exc: logger.warning(message, exc))
@@ -675,7 +694,7 @@ class JournalSweep:
         )
         if not claimed:
             return 0
-        nexts, by_sequence = await self._waiting_by_sequence()
+        nexts, by_sequence = await self._waiting_by_sequence(every_sequence=False)
         done = await self._finish_idle(nexts, by_sequence)
         await self._retire(now)
         return done
@@ -690,11 +709,7 @@ class JournalSweep:
         old = [(s, u) for s, _n, u in on_record if u < cutoff_ms]
         if not old:
             return
-        listed = {
-            parsed[0]
-            for info in await self._store.list(journal_layer.PREFIX)
-            if (parsed := journal_layer.parse_key(info.key)) is not None
-        }
+        listed = set(await self._store.list_folders(journal_layer.PREFIX))
         for sequence, updated_ms in old:
             if sequence in listed:
                 continue

@@ -75,6 +75,21 @@ def sequence_object(
     return results
 
 
+def records_of(
+    tr: ReadTransaction, sub: keys.Subspace, sequences: Iterable[str]
+) -> dict[str, tuple[int, int | None]]:
+    """Sequence -> (next n, updated_ms of its last sequencing; None if never sequenced)."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for sequence in sequences:
+        raw = tr.get(sub.key(keys.JOURNAL, sequence))
+        if raw is None:
+            out[sequence] = (0, None)
+        else:
+            next_n, _node_id, updated_ms = keys.unpack_value(raw)
+            out[sequence] = (int(next_n), int(updated_ms))
+    return out
+
+
 def list_sequences(tr: ReadTransaction, sub: keys.Subspace) -> list[tuple[str, int, int]]:
     """(sequence, next n, updated_ms) of every sequence on record."""
     begin, end = sub.range(keys.JOURNAL)

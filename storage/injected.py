@@ -118,8 +118,11 @@ class InjectedLatencyStore:
         await self.inner.delete(key)
 
     # builtins.list: in this class body, `list` is the method.
-    async def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        return await self.inner.list(prefix)
+    async def list(self, prefix: str = "", *, start_after: str = "") -> builtins.list[ObjectInfo]:
+        return await self.inner.list(prefix, start_after=start_after)
+
+    async def list_folders(self, prefix: str) -> builtins.list[str]:
+        return await self.inner.list_folders(prefix)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import builtins
 import os
 import secrets
 import stat
@@ -91,9 +92,14 @@ class LocalObjectStore:
         self.stats["deletes"] += 1
         await self._run(partial(_delete_file, path))
 
-    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+    async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         self.stats["lists"] += 1
-        return await self._run(partial(_list_files, self.root, prefix))
+        found = await self._run(partial(_list_files, self.root, prefix))
+        return [info for info in found if info.key > start_after] if start_after else found
+
+    async def list_folders(self, prefix: str) -> builtins.list[str]:
+        self.stats["lists"] += 1
+        return await self._run(partial(_list_folders, self.root, prefix))
 
     async def remove_stale_temp_files(self, older_than: float = 3600.0) -> int:
         """Delete temp files left by crashed writers; returns how many were removed.
@@ -215,6 +221,22 @@ def _list_files(root: str, prefix: str) -> list[ObjectInfo]:
     _scan(start, folder_key + "/" if folder_key else "", prefix, found)
     found.sort(key=lambda info: info.key)
     return found
+
+
+def _list_folders(root: str, prefix: str) -> list[str]:
+    folder = os.path.join(root, *prefix.rstrip("/").split("/")) if prefix.strip("/") else root
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    names = []
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False) and any(True for _ in os.scandir(entry.path)):
+                names.append(entry.name)
+        except FileNotFoundError:
+            continue  # removed while we looked
+    return sorted(names)
 
 
 def _scan(folder: str, key_prefix: str, prefix: str, found: list[ObjectInfo]) -> None:

@@ -7,6 +7,7 @@ All methods are async; blocking client libraries run in worker threads.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,8 +70,15 @@ class ObjectStore(Protocol):
         """Remove key; deleting a missing key is not an error."""
         ...
 
-    async def list(self, prefix: str = "") -> list[ObjectInfo]:
-        """Every object whose key starts with prefix, in key order."""
+    async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with prefix, in key order; with start_after,
+        only those whose key sorts after it (S3's StartAfter: the rest is not read)."""
+        ...
+
+    async def list_folders(self, prefix: str) -> builtins.list[str]:
+        """The names one level below `prefix` (which ends with "/") that hold objects,
+        in order: S3's common prefixes with the delimiter "/", without reading the
+        objects under them."""
         ...
 
     async def aclose(self) -> None: ...

@@ -147,9 +147,13 @@ class S3ObjectStore:
         self.stats["deletes"] += 1
         await self._run(partial(self._delete, key))
 
-    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+    async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         self.stats["lists"] += 1
-        return await self._run(partial(self._list, prefix))
+        return await self._run(partial(self._list, prefix, start_after))
+
+    async def list_folders(self, prefix: str) -> builtins.list[str]:
+        self.stats["lists"] += 1
+        return await self._run(partial(self._list_folders, prefix))
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
@@ -253,14 +257,16 @@ class S3ObjectStore:
                 raise
 
     # builtins.list: in this class body, `list` is the method above.
-    def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
+    def _list(self, prefix: str, start_after: str = "") -> builtins.list[ObjectInfo]:
         paginator = self._client.get_paginator("list_objects_v2")
         found: builtins.list[ObjectInfo] = []
         cut = len(self.prefix)
+        extra = {"StartAfter": self.prefix + start_after} if start_after else {}
         pages = paginator.paginate(
             Bucket=self.bucket,
             Prefix=self.prefix + prefix,
             PaginationConfig={"PageSize": self.list_page_size},
+            **extra,
         )
         for page in pages:
             for item in page.get("Contents", ()):
@@ -273,6 +279,21 @@ class S3ObjectStore:
                 )
         found.sort(key=lambda info: info.key)
         return found
+
+    def _list_folders(self, prefix: str) -> builtins.list[str]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        cut = len(self.prefix + prefix)
+        names = []
+        pages = paginator.paginate(
+            Bucket=self.bucket,
+            Prefix=self.prefix + prefix,
+            Delimiter="/",
+            PaginationConfig={"PageSize": self.list_page_size},
+        )
+        for page in pages:
+            for common in page.get("CommonPrefixes", ()):
+                names.append(common["Prefix"][cut:].rstrip("/"))
+        return sorted(names)
 
     def _call(self, key: str, method: Callable[..., Any], **kwargs: Any) -> Any:
         try:

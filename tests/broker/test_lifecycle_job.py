@@ -40,11 +40,11 @@ class FailingStore(LocalObjectStore):
         await super().delete(key)
         self.deleted.append(key)
 
-    async def list(self, prefix: str = "") -> list[ObjectInfo]:
+    async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         if self.failing_lists:
             self.failing_lists -= 1
             raise OSError("injected: list failed")
-        return await super().list(prefix)
+        return await super().list(prefix, start_after=start_after)
 
 
 class _Agent:

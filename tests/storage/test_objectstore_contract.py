@@ -139,6 +139,22 @@ async def test_list_prefix_and_order(store: ObjectStore) -> None:
     assert await store.list("nothing/") == []
 
 
+async def test_list_after_a_key_and_the_folders_below_a_prefix(store: ObjectStore) -> None:
+    keys = ["j/a/0001", "j/a/0002", "j/a/0003", "j/b/0001", "j/c/x/0001", "jx/0001"]
+    for key in keys:
+        await store.put(key, b"x")
+    after = await store.list("j/a/", start_after="j/a/0001")
+    assert [info.key for info in after] == ["j/a/0002", "j/a/0003"]
+    assert await store.list("j/a/", start_after="j/a/0003") == []
+    assert [i.key for i in await store.list("j/", start_after="j/b")] == ["j/b/0001", "j/c/x/0001"]
+    assert await store.list_folders("j/") == ["a", "b", "c"]
+    assert await store.list_folders("j/c/") == ["x"]
+    assert await store.list_folders("nothing/") == []
+    for key in ["j/b/0001"]:
+        await store.delete(key)
+    assert await store.list_folders("j/") == ["a", "c"]  # a folder with nothing left is gone
+
+
 async def test_large_object(store: ObjectStore) -> None:
     data = os.urandom(8 * 1024 * 1024)
     await store.put("big", data, if_absent=True)
