@@ -137,13 +137,22 @@ class JournalPipeline(IngestPipeline):
         # Per partition, how many answered batches wait to be sequenced.
         self._unsequenced: Counter[tuple[bytes, int]] = Counter()
         self._sequenced = anyio.Event()
-        # Flushes are answered in flush order: a batch is never answered before one of
-        # the same producer that came before it is durable.
+        # An idempotent producer's batch is never answered before the flushes holding
+        # its earlier batches of that partition have an outcome (_after_upload); other
+        # batches are answered as soon as their own upload returns, whatever the
+        # flushes before them are waiting for.
         self._outcomes: set[int] = set()  # flushes past that were answered or failed
         self._answered_below = 0  # every flush below this was answered or failed
         self._answered = anyio.Event()
-        self._failures = 0  # flushes failed so far
-        self._failures_at: dict[int, int] = {}  # seq -> _failures when it was made
+        # (producer id, topic id, partition) -> the flushes without an outcome yet that
+        # hold an idempotent batch of it
+        self._in_flight: dict[tuple[int, bytes, int], set[int]] = {}
+        self._deps: dict[int, set[int]] = {}  # seq -> the earlier flushes it waits for
+        self._failed: set[int] = set()  # flushes failed that a later one waits for
+        self._keys: dict[int, set[tuple[int, bytes, int]]] = {}  # seq -> its producers
+        # (producer id, topic id, partition) -> time.monotonic() of the last failure of
+        # a flush holding a batch of it
+        self._failed_at: dict[tuple[int, bytes, int], float] = {}
         # Object key -> the batches of it answered with an error (still sequenced: a
         # refusal of those is expected).
         self._answered_with_error: dict[str, set[int]] = {}
@@ -176,16 +185,38 @@ class JournalPipeline(IngestPipeline):
     # -- answering and sequencing -----------------------------------------------------
 
     def _prepare(self, items: list[Any], seq: int) -> _Flush:
-        self._failures_at[seq] = self._failures
         self._accepted_from[seq] = min(item.accepted_at for item in items)
+        deps: set[int] = set()
+        keys = set()
+        for item in items:
+            if item.view.producer_id >= 0:
+                key = (item.view.producer_id, item.topic_id, item.partition)
+                keys.add(key)
+                holders = self._in_flight.setdefault(key, set())
+                deps |= holders - {seq}
+                holders.add(seq)
+        self._deps[seq] = deps
+        self._keys[seq] = keys
         return super()._prepare(items, seq)
+
+    def _resolved(self, seq: int) -> bool:
+        return seq < self._answered_below or seq in self._outcomes
 
     def _hand_over(self, seq: int, flush: _Flush | None) -> None:
         if flush is None:  # failed: its batches are answered with an error
-            self._failures += 1
-            self._failures_at.pop(seq, None)
             self._accepted_from.pop(seq, None)
+            self._deps.pop(seq, None)
+            if any(seq in deps for deps in self._deps.values()):
+                self._failed.add(seq)
+            now = time.monotonic()
+            for key in self._keys.get(seq, ()):
+                self._failed_at[key] = now
             self.on_failure()
+        self._keys.pop(seq, None)
+        for key in [k for k, holders in self._in_flight.items() if seq in holders]:
+            self._in_flight[key].discard(seq)
+            if not self._in_flight[key]:
+                del self._in_flight[key]
         super()._hand_over(seq, flush)
         self._outcomes.add(seq)
         while self._answered_below in self._outcomes:
@@ -195,10 +226,22 @@ class JournalPipeline(IngestPipeline):
         self._answered = anyio.Event()
 
     async def _after_upload(self, flush: _Flush) -> list[AppendResult]:
-        while self._answered_below < flush.seq:  # the flushes before it come first
+        deps = self._deps.pop(flush.seq)
+        while not all(self._resolved(d) for d in deps):  # its producers' earlier batches
             await self._answered.wait()
-        failures_before = self._failures_at.pop(flush.seq)
         accepted_from = self._accepted_from.pop(flush.seq)
+        # Failed before it: a flush it waited for, or any flush holding a batch of one of
+        # its producers once its batches were accepted (their sequence checks counted
+        # on those batches being written).
+        failed_before = bool(deps & self._failed) or any(
+            self._failed_at.get(key, -1.0) >= accepted_from for key in self._keys.get(flush.seq, ())
+        )
+        if self._failed and not self._deps:
+            self._failed.clear()  # no flush waits for any of them any more
+        if self._failed_at:
+            too_old = time.monotonic() - 2 * self._upload_limit_s - 60
+            for key in [k for k, at in self._failed_at.items() if at < too_old]:
+                del self._failed_at[key]
         took = anyio.current_time() - flush.started_at
         if took > self._upload_limit_s:
             # The sweep may have skipped this object's number by now: never answer it.
@@ -219,9 +262,9 @@ class JournalPipeline(IngestPipeline):
             self.journal_stats.answers_withheld += len(flush.pending)
             self._answered_with_error[flush.key] = set(range(len(flush.pending)))
             return [AppendResult(ErrorCode.not_leader_or_follower)] * len(flush.pending)
-        if failures_before == self._failures:
+        if not failed_before:
             return [UNKNOWN] * len(flush.pending)
-        # A flush made before it failed: an idempotent producer's batch here may follow
+        # A flush made before it failed: an idempotent producer's batch here follows
         # one of its batches there, which sequencing would then refuse. It is answered
         # with the failed flush's retriable error, and the producer sends both again, in
         # order and under the same epoch: if sequencing wrote it after all (it was in
