@@ -59,7 +59,12 @@ def run_kill_loop(
 
 @pytest.mark.parametrize(
     ("kind", "kills"),
-    [("classic", 12), ("lightning", 50)],
+    [
+        ("classic", 12),
+        # The journal's rules do not depend on the store (its S3 calls have their own
+        # tests in tests/storage): run once, on the embedded stores.
+        pytest.param("lightning", 50, marks=pytest.mark.store_independent),
+    ],
 )
 def test_nothing_acknowledged_is_lost_duplicated_or_reordered_across_kills(tmp_path, kind, kills):
     # A lightning topic's acknowledgements carry no offset: each is found by its value,
