@@ -457,6 +457,13 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
     }
 
 
+def _print_examples(check: dict[str, Any], prefix: str, out: Any) -> None:
+    """A few examples of each anomaly (the allowed kinds left out)."""
+    for kind, examples in check["examples"].items():
+        if examples and not kind.startswith("other_"):
+            print(f"  {prefix}{kind}: {examples[:3]}", file=out)
+
+
 def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
     kills, check = report["kills"], report["check"]
     acked = sum(p["acknowledged"] for p in report["producers"])
@@ -474,9 +481,7 @@ def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
         f"{check['other_out_of_order']}, read but not acknowledged {check['unacknowledged_read']}",
         file=out,
     )
-    for kind, examples in check["examples"].items():
-        if examples and not kind.startswith("other_"):
-            print(f"  {kind}: {examples[:3]}", file=out)
+    _print_examples(check, "", out)
     if "check_classic" in report:
         classic = report["check_classic"]
         anomalies = ", ".join(f"{k} {v}" for k, v in classic["anomalies"].items())
@@ -485,9 +490,7 @@ def print_summary(report: dict[str, Any], out: Any = sys.stdout) -> None:
             f"{anomalies}",
             file=out,
         )
-        for kind, examples in classic["examples"].items():
-            if examples and not kind.startswith("other_"):
-                print(f"  classic {kind}: {examples[:3]}", file=out)
+        _print_examples(classic, "classic ", out)
     for problem in report["problems"]:
         print(f"  problem: {problem}", file=out)
     print("  OK" if report["ok"] else "  FAILED", file=out)

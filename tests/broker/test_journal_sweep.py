@@ -31,10 +31,21 @@ class Clock:
         return self.now
 
 
+class CountingStore(LocalObjectStore):
+    """The local store, counting the objects its listings return."""
+
+    listed = 0
+
+    async def list(self, prefix: str = "", *, start_after: str = ""):  # type: ignore[no-untyped-def]
+        found = await super().list(prefix, start_after=start_after)
+        self.listed += len(found)
+        return found
+
+
 @pytest.fixture
 def setup(tmp_path):
     kv = SQLiteKV(str(tmp_path / "meta.db"))
-    store = LocalObjectStore(str(tmp_path / "objects"))
+    store = CountingStore(str(tmp_path / "objects"))
     topic = kv.transact_sync(
         lambda tr: topics.create_topic(tr, SUB, "lt", uuid.uuid4().bytes, 1, {}, 0)
     )
@@ -148,29 +159,8 @@ async def test_a_sequence_with_nothing_left_is_retired_long_after_its_last_seque
     assert kv.transact_sync(lambda tr: journal.next_to_sequence(tr, SUB, "Done")) == 0
 
 
-class CountingStore(LocalObjectStore):
-    """Counts the objects its listings return."""
-
-    listed = 0
-
-    async def list(self, prefix: str = "", *, start_after: str = ""):  # type: ignore[no-untyped-def]
-        found = await super().list(prefix, start_after=start_after)
-        self.listed += len(found)
-        return found
-
-
-async def test_the_sweep_reads_only_what_waits_not_the_objects_already_sequenced(tmp_path):
-    kv = SQLiteKV(str(tmp_path / "meta.db"))
-    store = CountingStore(str(tmp_path / "objects"))
-    topic = kv.transact_sync(
-        lambda tr: topics.create_topic(tr, SUB, "lt", uuid.uuid4().bytes, 1, {}, 0)
-    )
-    pipeline = JournalPipeline(
-        kv, SUB, store, ObjectCache(1 << 20), Notifier(), lambda: 1,
-        flush_interval_ms=10, flush_bytes=1 << 20,
-    )  # fmt: skip
-    clock = Clock()
-    sweep = JournalSweep(kv, SUB, store, Notifier(), pipeline, lambda: 1, SETTINGS, clock)
+async def test_the_sweep_reads_only_what_waits_not_the_objects_already_sequenced(setup):
+    kv, store, topic, sweep, clock = setup
     # 50 objects already sequenced (awaiting compaction), one waiting.
     for n in range(51):
         store.put_sync(journal.object_key("Big", n), journal_object(topic, [b"%d" % n]))
