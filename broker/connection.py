@@ -58,6 +58,8 @@ from protocol.framing import ProtocolError, ServerConnection
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
+# Kafka's principal of a client that did not authenticate.
+ANONYMOUS = "User:ANONYMOUS"
 READ_SIZE = 256 * 1024
 FRAME_STALL_SECONDS = 5.0
 
@@ -70,6 +72,8 @@ class RequestContext:
     client_id: str | None
     peer: str
     turn: Turn = field(default_factory=Turn)
+    # Who sent it, in Kafka's form ("User:alice"): what authorization checks.
+    principal: str = ANONYMOUS
 
     def end_turn(self) -> None:
         """This request has taken effect: the connection's next request may start."""
@@ -158,7 +162,9 @@ def _unsupported(api_key: int, api_version: int, correlation_id: int) -> Frame:
     )
 
 
-async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Frame | None:
+async def _handle_frame(
+    agent: Agent, frame: bytes, peer: str, turn: Turn, principal: str = ANONYMOUS
+) -> Frame | None:
     try:
         request = decode_request(frame)
     except UnsupportedVersion as exc:
@@ -172,7 +178,7 @@ async def _handle_frame(agent: Agent, frame: bytes, peer: str, turn: Turn) -> Fr
     if api is None or not api.supports(header.api_version):
         return _unsupported(header.api_key, header.api_version, header.correlation_id)
     ctx = RequestContext(
-        agent, header.api_version, header.correlation_id, header.client_id, peer, turn
+        agent, header.api_version, header.correlation_id, header.client_id, peer, turn, principal
     )
     try:
         response = await api.handler(body, ctx)
@@ -243,6 +249,7 @@ class _Connection:
         self.held = 0  # request memory held for the frame now arriving
         self.gone = False  # the client went away: said once, then quiet
         self.answering: _Answer | None = None  # the answer the writer waits for or writes
+        self.principal = ANONYMOUS  # until the client authenticates
 
     def went_away(self, exc: BaseException) -> None:
         if not self.gone:
@@ -343,7 +350,7 @@ class _Connection:
         """Handle one request in its turn; its frame's memory is released once answered."""
         try:
             await after.wait_ended()
-            slot.set(await _handle_frame(self.agent, frame, self.peer, turn))
+            slot.set(await _handle_frame(self.agent, frame, self.peer, turn, self.principal))
         except _Close as exc:
             slot.fail(exc)
         except Exception as exc:  # a bug outside the handler (encoding the answer)
