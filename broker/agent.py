@@ -478,8 +478,12 @@ async def _refuses(host: str, port: int) -> bool:
         return isinstance(exc, ConnectionRefusedError) or isinstance(
             exc.__cause__, ConnectionRefusedError
         )
+    # Connecting to a port of the ephemeral range that nothing listens on may connect
+    # the socket to itself (TCP simultaneous open): nobody is there.
+    local = stream.extra(anyio.abc.SocketAttribute.local_address)
+    remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
     await stream.aclose()
-    return False
+    return local == remote
 
 
 def _with_injected_latency(store: ObjectStore, config: BrokerConfig) -> ObjectStore:

@@ -7,8 +7,10 @@ cancellation or on SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +25,8 @@ from broker.handlers import load_all
 from metadata.kv import KVError
 
 logger = logging.getLogger(__name__)
+
+LISTEN_RETRY_SECONDS = 3.0
 
 
 async def run_agent(config: BrokerConfig, *, ready: Any = None) -> None:
@@ -50,14 +54,7 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                     " no Ripcord snapshot: the agent cannot start"
                 ) from None
             agent.start_from_snapshot(snapshot)
-        try:
-            listener = await anyio.create_tcp_listener(
-                local_host=config.host, local_port=config.port
-            )
-        except OSError as exc:
-            raise SystemExit(
-                f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
-            ) from None
+        listener = await _listen(config.host, config.port)
         logger.info(
             "bucketlog agent %d listening on %s:%d (cluster %s, metadata %s, storage %s)",
             agent.node_id,
@@ -100,6 +97,20 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             except Exception:
                 logger.exception("deregistration failed")
             await agent.aclose()
+
+
+async def _listen(host: str, port: int) -> anyio.abc.SocketListener:
+    """Listen on host:port. A port that is in use is tried again for a while: an
+    outgoing connection may hold it for a moment (a peer's probe of this agent's
+    address, registered just before, may have connected a socket to itself there)."""
+    give_up = time.monotonic() + LISTEN_RETRY_SECONDS
+    while True:
+        try:
+            return await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() > give_up:
+                raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        await anyio.sleep(0.1)
 
 
 async def _stop_on_signals(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
