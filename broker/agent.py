@@ -322,7 +322,7 @@ class Agent:
     def _remembered(self, cached: _CachedTopic | None) -> bool:
         """Whether a cached entry, however old, is to be used instead of the store: in
         Ripcord mode, while the store is unreachable."""
-        return cached is not None and self.config.ripcord and not self.metadata_reachable
+        return cached is not None and self.in_outage()
 
     async def topic(self, name: str, *, fresh: bool = False) -> topics.Topic | None:
         cached = self._topics_by_name.get(name)
@@ -337,7 +337,7 @@ class Agent:
         return topic
 
     async def all_topics(self) -> list[topics.Topic]:
-        if self.config.ripcord and not self.metadata_reachable:
+        if self.in_outage():
             return sorted(
                 (c.topic for c in self._topics_by_name.values() if c.topic is not None),
                 key=lambda t: t.name,
@@ -379,7 +379,7 @@ class Agent:
     async def refresh_live_agents(self, max_age: float = LIVE_AGENTS_SECONDS) -> list[AgentInfo]:
         """The live agents, re-read when the last read is older than max_age seconds."""
         clock = time.monotonic()
-        if self.config.ripcord and not self.metadata_reachable:
+        if self.in_outage():
             return self.live_agents()  # as last read, less those that refuse connections
         if clock - self._live_read_at >= max_age:
             now = now_ms()
@@ -424,7 +424,7 @@ class Agent:
         Lightning partitions are answered only while it holds (broker.journal), so that
         an agent slow to learn of a change stops answering for the partitions that
         moved before their new leader begins (SETTLE_S later)."""
-        if self.config.ripcord and not self.metadata_reachable:
+        if self.in_outage():
             # No agent can read a change from the store now: the probes are the news.
             return time.monotonic() - self._probed_at < self.view_fresh_s
         oldest = min(self._live_read_at, self._probed_at)

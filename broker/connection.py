@@ -218,7 +218,26 @@ async def _handle_frame(
 
 # The APIs answered by a group or transaction coordinator: their clients look for the
 # coordinator again on COORDINATOR_NOT_AVAILABLE.
-_COORDINATOR_APIS = frozenset({8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 24, 25, 26, 28, 42, 68})
+_COORDINATOR_APIS = frozenset(
+    {
+        8,  # OffsetCommit
+        9,  # OffsetFetch
+        10,  # FindCoordinator
+        11,  # JoinGroup
+        12,  # Heartbeat
+        13,  # LeaveGroup
+        14,  # SyncGroup
+        15,  # DescribeGroups
+        16,  # ListGroups
+        22,  # InitProducerId
+        24,  # AddPartitionsToTxn
+        25,  # AddOffsetsToTxn
+        26,  # EndTxn
+        28,  # TxnOffsetCommit
+        42,  # DeleteGroups
+        68,  # ConsumerGroupHeartbeat
+    }
+)
 
 
 def _unavailable_code(api_key: int) -> ErrorCode:

@@ -212,11 +212,12 @@ class JournalPipeline(IngestPipeline):
             for key in self._keys.get(seq, ()):
                 self._failed_at[key] = now
             self.on_failure()
-        self._keys.pop(seq, None)
-        for key in [k for k, holders in self._in_flight.items() if seq in holders]:
-            self._in_flight[key].discard(seq)
-            if not self._in_flight[key]:
-                del self._in_flight[key]
+        for key in self._keys.pop(seq, ()):
+            holders = self._in_flight.get(key)
+            if holders is not None:
+                holders.discard(seq)
+                if not holders:
+                    del self._in_flight[key]
         super()._hand_over(seq, flush)
         self._outcomes.add(seq)
         while self._answered_below in self._outcomes:
