@@ -39,6 +39,7 @@ from metadata.chunk_cache import ChunkCache
 from metadata.cluster import Agent as AgentInfo
 from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
+from storage.hedge import HedgedPuts
 from storage.objectstore import ObjectStore, open_store
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class Agent:
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))
         self.request_memory = RequestMemory(config.queued_max_request_bytes)
+        percentile = config.resolved_put_hedge_percentile
+        self.hedge = None if percentile is None else HedgedPuts(store, percentile=percentile)
         self.pipeline = IngestPipeline(
             kv,
             self.sub,
@@ -92,6 +95,7 @@ class Agent:
             flush_bytes=config.resolved_flush_bytes,
             # An object the orphan sweep may delete must never be committed after.
             max_commit_delay_ms=config.orphan_min_age_ms // 2,
+            hedge=self.hedge,
         )
         self.journal = JournalPipeline(
             kv,
@@ -105,6 +109,7 @@ class Agent:
             files_per_sequence=config.journal_files_per_sequence,
             sequence_seconds=config.journal_sequence_ms / 1000,
             upload_limit_ms=config.journal_upload_limit_ms,
+            hedge=self.hedge,
         )
         # A view of the live agents is current for this long (view_fresh): a second, or
         # two lease renewals where they are further apart.

@@ -104,6 +104,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ),
     ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
     (
+        "put-hedge-percentile",
+        float,
+        None,
+        "send a flush's PUT a second time once it takes longer than this percentile of"
+        " the recent PUT times; 0: never (default: 95 on S3, 0 on the local store)",
+    ),
+    (
         "inject-put-latency-ms",
         _latency_ms,
         None,
@@ -349,6 +356,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         s3_region=args.s3_region,
         s3_addressing_style=args.s3_addressing_style,
         flush_interval_ms=args.flush_interval_ms,
+        put_hedge_percentile=args.put_hedge_percentile,
         flush_bytes=args.flush_bytes,
         inject_put_latency_ms=args.inject_put_latency_ms,
         inject_get_latency_ms=args.inject_get_latency_ms,

@@ -44,6 +44,9 @@ class BrokerConfig:
     inject_put_latency_ms: tuple[float, float] | None = None
     inject_get_latency_ms: tuple[float, float] | None = None
     flush_bytes: int | None = None
+    # A PUT not answered after this percentile of the recent PUT times is sent a second
+    # time (storage.hedge); 0: never. Default: 95 on S3, 0 on the local store.
+    put_hedge_percentile: float | None = None
     cluster_name: str = "default"
     rack: str | None = None
     auto_create_topics: bool = True
@@ -99,6 +102,11 @@ class BrokerConfig:
     topic_defaults: dict[str, str] = field(default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS))
 
     def __post_init__(self) -> None:
+        if self.put_hedge_percentile is not None and not 0 <= self.put_hedge_percentile < 100:
+            raise ValueError(
+                f"--put-hedge-percentile must be at least 0 and below 100, not"
+                f" {self.put_hedge_percentile}"
+            )
         if self.lease_ms <= 0 or self.lease_renew_ms <= 0:
             raise ValueError("--lease-ms and --lease-renew-ms must be positive")
         if self.lease_renew_ms >= self.lease_ms:
@@ -129,6 +137,14 @@ class BrokerConfig:
             return self.flush_interval_ms
         # A local folder costs nothing per write; every S3 PUT costs money.
         return 2 if self.is_local_store else 250
+
+    @property
+    def resolved_put_hedge_percentile(self) -> float | None:
+        """The hedging percentile; None: no hedging."""
+        if self.put_hedge_percentile is not None:
+            return self.put_hedge_percentile or None
+        # A local write's time is the disk's, not a request's luck: a second one only adds.
+        return None if self.is_local_store else 95.0
 
     @property
     def resolved_flush_bytes(self) -> int:

@@ -40,6 +40,7 @@ from metadata.kv import KV
 from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partition
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache
+from storage.hedge import HedgedPuts
 from storage.ingest import ChunkLocation, encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
 
@@ -102,9 +103,11 @@ class IngestPipeline:
         flush_bytes: int,
         max_concurrent_flushes: int = 8,
         max_commit_delay_ms: int | None = None,
+        hedge: HedgedPuts | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kv = kv
+        self._hedge = hedge
         self._sub = sub
         self._store = store
         self._cache = cache
@@ -187,10 +190,13 @@ class IngestPipeline:
                 flush = self._prepare(items, seq)
                 # Into the cache first: no reader looks for this key before its commit.
                 self._cache.put(flush.key, flush.data)
-                await anyio.to_thread.run_sync(
-                    partial(self._store.put_sync, flush.key, flush.data, if_absent=True),
-                    limiter=self._threads,
-                )
+                if self._hedge is not None:
+                    await self._hedge.put(flush.key, flush.data, self._threads)
+                else:
+                    await anyio.to_thread.run_sync(
+                        partial(self._store.put_sync, flush.key, flush.data, if_absent=True),
+                        limiter=self._threads,
+                    )
             except Exception as exc:  # nothing of it is acked
                 if flush is None:
                     logger.exception("flush of %d batches failed", len(items))

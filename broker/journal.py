@@ -48,6 +48,7 @@ from metadata.kv import KV, KVError
 from metadata.log import AppendResult, PendingBatch
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache
+from storage.hedge import HedgedPuts
 from storage.ingest import (
     IngestFileError,
     encode_journal_table,
@@ -113,6 +114,7 @@ class JournalPipeline(IngestPipeline):
         files_per_sequence: int = 1000,
         sequence_seconds: float = 600.0,
         upload_limit_ms: int = 30_000,
+        hedge: HedgedPuts | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
@@ -123,6 +125,7 @@ class JournalPipeline(IngestPipeline):
             notifier,
             flush_interval_ms=flush_interval_ms,
             flush_bytes=flush_bytes,
+            hedge=hedge,
             clock=clock,
         )
         self._node_id = node_id

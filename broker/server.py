@@ -99,7 +99,7 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             await agent.aclose()
 
 
-async def _listen(host: str, port: int) -> anyio.abc.SocketListener:
+async def _listen(host: str, port: int) -> anyio.abc.Listener[anyio.abc.SocketStream]:
     """Listen on host:port. A port that is in use is tried again for a while: an
     outgoing connection may hold it for a moment (a peer's probe of this agent's
     address, registered just before, may have connected a socket to itself there)."""

@@ -53,6 +53,8 @@ def snapshot(agent: Agent) -> dict[str, Any]:
             **agent.request_memory.stats,
         },
     }
+    if agent.hedge is not None:
+        body["put_hedge"] = dataclasses.asdict(agent.hedge.stats)
     injected = getattr(agent.store, "injected_stats", None)
     if injected is not None:  # --inject-put-latency-ms (benchmarks): storage.injected
         body["store_injected"] = dict(injected)
