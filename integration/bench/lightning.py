@@ -20,7 +20,7 @@ What it does:
    - the send time carried in the record's first 8 bytes. Each with two producers
    (PRODUCERS): idempotent, the issue's workload, and one with idempotence off and its
    requests pipelined (librdkafka's idempotent producer sends one request per partition
-   at a time); and, as a diagnostic, lightning with the journal sweep put off
+   at a time); and, as a diagnostic, both topic types without hedged PUTs
    (DIAGNOSTICS);
 3. writes results/<date>-<label>.json, .md and .png (latency CDFs, classic against
    lightning, per model, flush interval and producer), with the machine's description
@@ -54,15 +54,12 @@ RECORD_SIZE = 1024
 LINGER_MS = 5
 FLUSH_INTERVALS_MS = (25, 250)
 TOPIC_TYPES = ("classic", "lightning")
-# A diagnostic run: lightning with the journal sweep put off past the run (it lists the
-# whole journal every --journal-sweep-interval-ms, 10 s by default), for the producer
-# without the client's queue. Name -> (topic type, agent arguments, producers).
+# Diagnostic runs: both topic types without hedged PUTs (storage.hedge: on by default on
+# S3), for the producer without the client's queue. Name -> (topic type, agent
+# arguments, producers).
 DIAGNOSTICS: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
-    "lightning-no-sweep": (
-        "lightning",
-        ["--journal-sweep-interval-ms", "600000"],
-        ("unbounded",),
-    ),
+    "classic-no-hedge": ("classic", ["--put-hedge-percentile", "0"], ("unbounded",)),
+    "lightning-no-hedge": ("lightning", ["--put-hedge-percentile", "0"], ("unbounded",)),
 }
 # The producer the issue asks for, and one that pipelines its requests: librdkafka's
 # idempotent producer sends one Produce request per partition at a time (librdkafka PR
@@ -214,7 +211,7 @@ def fresh_stats(system: bench.Bucketlog) -> dict[str, Any]:
 
 def counter_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     out = {}
-    for group in ("pipeline", "journal", "store", "store_injected", "metadata"):
+    for group in ("pipeline", "journal", "store", "store_injected", "metadata", "put_hedge"):
         for name, value in after.get(group, {}).items():
             if isinstance(value, int):
                 out[f"{group}.{name}"] = value - int(before.get(group, {}).get(name, 0))
@@ -477,15 +474,24 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                         "e2e_ok": lightning["end_to_end"]["p99_ms"]
                         <= classic["end_to_end"]["p99_ms"],
                         # The diagnostic run, where there is one (not a target).
-                        "no_sweep_produce_p99_ms": runs.get("lightning-no-sweep", {})
+                        "no_hedge_produce_p99_ms": runs.get("lightning-no-hedge", {})
                         .get("produce", {})
                         .get("p99_ms"),
-                        "no_sweep_e2e_p99_ms": runs.get("lightning-no-sweep", {})
+                        "no_hedge_e2e_p99_ms": runs.get("lightning-no-hedge", {})
                         .get("end_to_end", {})
                         .get("p99_ms"),
                     }
                 )
     return out
+
+
+def hedged_share(run: dict[str, Any]) -> str:
+    """The share of the run's flush PUTs that were sent a second time."""
+    counters = run.get("counters", {})
+    puts = counters.get("put_hedge.puts")
+    if not puts:
+        return "-"
+    return f"{100 * counters.get('put_hedge.hedged', 0) / puts:.1f}%"
 
 
 def loadavg(values: list[float] | None) -> str:
@@ -517,10 +523,11 @@ def markdown(report: dict[str, Any]) -> str:
         "a time whatever max.in.flight says (https://github.com/confluentinc/librdkafka/pull/"
         "4989, open), so with one partition its records wait in the client for the previous "
         "request's answer, a whole flush cycle; the unbounded producer pipelines its "
-        "requests and shows the broker's own latency. **lightning-no-sweep** (a diagnostic, "
-        "unbounded producer only): lightning with `--journal-sweep-interval-ms 600000`, so "
-        "that the journal sweep (a listing of the whole journal every 10 s) does not run "
-        "during the run.",
+        "requests and shows the broker's own latency. **classic-no-hedge** and "
+        "**lightning-no-hedge** (diagnostics, unbounded producer only): the agent with "
+        "`--put-hedge-percentile 0`, i.e. without hedged PUTs (on by default on S3: a PUT "
+        "that outlasts the 95th percentile of the recent ones is sent a second time, the "
+        "first answer wins; storage/hedge.py). *hedged* is the share of PUTs sent twice.",
         "",
         "## Latency models (median, p99 in ms; lognormal fitted to both)",
         "",
@@ -551,9 +558,9 @@ def markdown(report: dict[str, Any]) -> str:
         "## Results (ms)",
         "",
         "| model | flush | producer | topic | produce p50 | p99 | max | e2e p50 | p99 | max "
-        "| records (seen) | errors | PUT seen p50 / p99 | commit seen (mean) "
+        "| records (seen) | errors | PUT seen p50 / p99 | hedged | commit seen (mean) "
         "| cores: broker / moto / clients |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, model in report["models"].items():
         for flush_ms in s["flush_intervals_ms"]:
@@ -566,7 +573,7 @@ def markdown(report: dict[str, Any]) -> str:
                         f"{p['p50_ms']} | {p['p99_ms']} | {p['max_ms']} | {e['p50_ms']} | "
                         f"{e['p99_ms']} | {e['max_ms']} | {r['records']} ({r['seen']}) | "
                         f"{r['errors']} | {put.get('p50_ms', '-')} / {put.get('p99_ms', '-')} | "
-                        f"{r.get('mean_commit_ms', '-')} | "
+                        f"{hedged_share(r)} | {r.get('mean_commit_ms', '-')} | "
                         f"{cores['broker']} / {cores['moto']} / {cores['clients']} |"
                     )
     lines += [
@@ -579,7 +586,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "| model | flush | producer | lightning produce p99 | target (model PUT p99) | met "
         "| target (PUT p99 seen) | met | lightning e2e p99 | classic e2e p99 | met "
-        "| no-sweep produce / e2e p99 |",
+        "| no-hedge produce / e2e p99 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -594,8 +601,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{c['produce_target_seen_ms']} | {yes(c['produce_ok_seen'])} | "
             f"{c['lightning_e2e_p99_ms']} | {c['classic_e2e_p99_ms']} | {yes(c['e2e_ok'])} | "
             + (
-                f"{c['no_sweep_produce_p99_ms']} / {c['no_sweep_e2e_p99_ms']} |"
-                if c.get("no_sweep_produce_p99_ms") is not None
+                f"{c['no_hedge_produce_p99_ms']} / {c['no_hedge_e2e_p99_ms']} |"
+                if c.get("no_hedge_produce_p99_ms") is not None
                 else "- |"
             )
         )
@@ -617,7 +624,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(
         len(rows), len(flushes), figsize=(6 * len(flushes), 3.6 * len(rows)), squeeze=False
     )
-    colors = {"classic": "tab:blue", "lightning": "tab:orange", "lightning-no-sweep": "tab:green"}
+    colors = {
+        "classic": "tab:blue",
+        "lightning": "tab:orange",
+        "classic-no-hedge": "tab:cyan",
+        "lightning-no-hedge": "tab:green",
+    }
     for row, (name, producer) in enumerate(rows):
         model = report["models"][name]
         for col, flush_ms in enumerate(flushes):
@@ -632,7 +644,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
                         continue
                     ys = s["quantile_grid"]
                     ax.plot(
-                        values, ys, style, color=colors[topic_type], label=f"{topic_type} {what}"
+                        values,
+                        ys,
+                        style,
+                        color=colors.get(topic_type, "tab:gray"),
+                        label=f"{topic_type} {what}",
                     )
             ax.axvline(target_ms(model, flush_ms), color="red", linewidth=0.8, linestyle=":")
             ax.axhline(0.99, color="grey", linewidth=0.5)
