@@ -319,6 +319,7 @@ class Agent:
         logger.log(level, message, exc)
 
     async def aclose(self) -> None:
+        await self.read_ahead.aclose()
         await self.store.aclose()
         await self.kv.aclose()
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 if TYPE_CHECKING:
-    from storage.objectstore import ObjectInfo, ObjectStore
+    from storage.objectstore import ObjectInfo, ObjectStore, RangeStream
 
 Delay = Callable[[], float]  # seconds
 
@@ -113,6 +113,14 @@ class InjectedLatencyStore:
         if self._get_delay is not None:
             time.sleep(self._draw(self._get_delay, "get"))
         return self.inner.get_sync(key, start, end)
+
+    def open_range_stream(self, key: str, start: int) -> RangeStream:
+        """The wrapped store's stream, opened after a GET's delay (blocking)."""
+        if self._get_delay is not None:
+            time.sleep(self._draw(self._get_delay, "get"))
+        opener = self.inner.open_range_stream  # type: ignore[attr-defined]
+        stream: RangeStream = opener(key, start)
+        return stream
 
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)

@@ -34,6 +34,17 @@ class ObjectInfo:
 STAT_NAMES = ("puts", "gets", "deletes", "lists", "bytes_put", "bytes_got")
 
 
+class RangeStream(Protocol):
+    """An object's bytes from an offset on, read in order as they are wanted (one GET
+    for all of them). Blocking: call from a worker thread, one at a time."""
+
+    def read(self, n: int) -> bytes:
+        """The next n bytes (fewer only at the object's end)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 def new_stats() -> dict[str, int]:
     """The request counters every store keeps (benchmarks report them)."""
     return dict.fromkeys(STAT_NAMES, 0)

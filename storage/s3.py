@@ -32,6 +32,7 @@ import builtins
 import hashlib
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -66,6 +67,8 @@ _BODY_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError)
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
+# Connections of the client that serves open range streams (read-ahead of catch-ups).
+STREAM_CONNECTIONS = 256
 
 
 class S3ObjectStore:
@@ -99,19 +102,26 @@ class S3ObjectStore:
             )
         # False once the store said it does not implement If-None-Match.
         self.conditional_writes = True
-        if client is None:
+
+        def new_client(connections: int) -> Any:
             config = Config(
                 retries={"mode": "standard", "total_max_attempts": max_attempts},
-                max_pool_connections=max_concurrency,
+                max_pool_connections=connections,
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 s3={"addressing_style": addressing_style},
             )
-            # A session per store: boto3's default session is not thread-safe to create.
-            client = boto3.session.Session().client(
+            # A session per client: boto3's default session is not thread-safe to create.
+            return boto3.session.Session().client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config
             )
+
+        self._new_client = new_client if client is None else (lambda connections: client)
+        if client is None:
+            client = new_client(max_concurrency)
         self._client = client
+        self._stream_client: Any = None
+        self._stream_client_lock = threading.Lock()
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self.stats = new_stats()
 
@@ -143,6 +153,27 @@ class S3ObjectStore:
         self.stats["bytes_got"] += len(data)
         return data
 
+    def open_range_stream(self, key: str, start: int) -> _S3RangeStream:
+        """The object from `start` on, as one GET read as wanted (blocking: in a worker
+        thread). Streams have their own connections (STREAM_CONNECTIONS), so that
+        open ones never take the pool of the other requests."""
+        self.stats["gets"] += 1
+        if self._stream_client is None:
+            with self._stream_client_lock:
+                if self._stream_client is None:
+                    self._stream_client = self._new_client(STREAM_CONNECTIONS)
+        response = self._wrapped(
+            partial(
+                self._call,
+                key,
+                self._stream_client.get_object,
+                Bucket=self.bucket,
+                Key=self.prefix + key,
+                Range=f"bytes={start}-",
+            )
+        )
+        return _S3RangeStream(self, key, response["Body"])
+
     async def delete(self, key: str) -> None:
         self.stats["deletes"] += 1
         await self._run(partial(self._delete, key))
@@ -157,6 +188,8 @@ class S3ObjectStore:
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._client.close, limiter=self._limiter)
+        if self._stream_client is not None and self._stream_client is not self._client:
+            await anyio.to_thread.run_sync(self._stream_client.close, limiter=self._limiter)
 
     async def _run(self, func: Callable[[], _T]) -> _T:
         return await anyio.to_thread.run_sync(self._wrapped, func, limiter=self._limiter)
@@ -302,6 +335,36 @@ class S3ObjectStore:
             if _error_code(exc) in _NOT_FOUND_CODES:
                 raise ObjectNotFoundError(f"no such object: {key!r}") from None
             raise
+
+
+class _S3RangeStream:
+    """The body of one open GET, read in order (storage.objectstore.RangeStream)."""
+
+    def __init__(self, store: S3ObjectStore, key: str, body: Any) -> None:
+        self._store = store
+        self._key = key
+        self._body = body
+
+    def read(self, n: int) -> bytes:
+        chunks: list[bytes] = []
+        wanted = n
+        try:
+            while wanted > 0:
+                chunk: bytes = self._body.read(wanted)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                wanted -= len(chunk)
+        except _BODY_ERRORS as exc:
+            raise ObjectStoreError(
+                f"{self._store!r}: reading {self._key!r} broke off: {exc}"
+            ) from exc
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._store.stats["bytes_got"] += len(data)
+        return data
+
+    def close(self) -> None:
+        self._body.close()
 
 
 def _check_range(start: int, end: int | None) -> None:

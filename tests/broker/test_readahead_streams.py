@@ -1,0 +1,94 @@
+"""Read-ahead reads a large object's ranges through one open GET (broker.readahead
+_read_range), on the local store and on S3 (moto)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from broker import readahead
+from broker.readahead import ReadAhead
+from storage.cache import ObjectCache
+from storage.local import LocalObjectStore
+from storage.objectstore import ObjectStore
+from tests.storage.conftest import make_s3_store
+
+MiB = 1024 * 1024
+SIZE = 6 * MiB
+DATA = os.urandom(SIZE)
+
+
+@pytest.fixture(params=["local", "s3"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
+    if request.param == "local":
+        made: ObjectStore = LocalObjectStore(str(tmp_path / "objects"))
+    else:
+        made = make_s3_store(request.getfixturevalue("moto_s3"))
+    await made.put("big", DATA)
+    await made.put("other", DATA)
+    yield made
+    await made.aclose()
+
+
+@pytest.fixture
+async def ahead(store: ObjectStore) -> AsyncIterator[ReadAhead]:
+    made = ReadAhead(None, None, store, ObjectCache(64 * MiB), None)  # type: ignore[arg-type]
+    yield made
+    await made.aclose()
+
+
+def gets(store: ObjectStore) -> int:
+    return store.stats["gets"]  # type: ignore[attr-defined]
+
+
+async def test_consecutive_ranges_are_one_get(store: ObjectStore, ahead: ReadAhead) -> None:
+    before = gets(store)
+    for start in range(0, SIZE, MiB):
+        end = start + MiB
+        assert await ahead._read_range("big", start, end, SIZE) == DATA[start:end]
+    assert gets(store) - before == 1
+    assert ahead.stats["streams_opened"] == 1 and ahead.stats["streamed_ranges"] == 6
+    assert not ahead._streams  # read to its end: closed
+
+
+async def test_a_small_gap_is_read_through_a_jump_back_opens_another(
+    store: ObjectStore, ahead: ReadAhead
+) -> None:
+    before = gets(store)
+    assert await ahead._read_range("big", 0, MiB, SIZE) == DATA[:MiB]
+    # 1000 bytes further on: read and dropped on the same stream.
+    assert await ahead._read_range("big", MiB + 1000, 2 * MiB, SIZE) == DATA[MiB + 1000 : 2 * MiB]
+    assert gets(store) - before == 1
+    assert await ahead._read_range("big", 100, 200, SIZE) == DATA[100:200]  # behind it
+    assert gets(store) - before == 2
+    far = 2 * MiB + readahead.STREAM_SKIP + 1  # too far ahead: a new GET too
+    assert await ahead._read_range("big", far, far + 10, SIZE) == DATA[far : far + 10]
+    assert gets(store) - before == 3
+
+
+async def test_streams_are_bounded_and_closed_when_idle(
+    store: ObjectStore, ahead: ReadAhead, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readahead, "STREAMS", 1)
+    await ahead._read_range("big", 0, MiB, SIZE)
+    await ahead._read_range("other", 0, MiB, SIZE)
+    assert list(ahead._streams) == ["other"]  # the least recently read was closed
+    before = gets(store)
+    await ahead._read_range("big", MiB, 2 * MiB, SIZE)
+    assert gets(store) - before == 1  # its stream was gone
+    monkeypatch.setattr(readahead, "STREAM_IDLE_SECONDS", 0.0)
+    await ahead._read_range("other", MiB, 2 * MiB, SIZE)
+    assert gets(store) - before == 2  # closed as idle before this read
+
+
+async def test_a_store_without_streams_gets_each_range(
+    store: ObjectStore, ahead: ReadAhead
+) -> None:
+    ahead._open_stream = None
+    before = gets(store)
+    for start in range(0, 3 * MiB, MiB):
+        assert await ahead._read_range("big", start, start + MiB, SIZE) == DATA[start : start + MiB]
+    assert gets(store) - before == 3
