@@ -1,8 +1,11 @@
 """`bucketlog serve`: run one agent, or N agent processes sharing the same stores.
 
 Every option can also be set with a BUCKETLOG_* environment variable (the option's name
-in upper case, dashes as underscores: --flush-interval-ms -> BUCKETLOG_FLUSH_INTERVAL_MS).
-The command line wins over the environment.
+in upper case, dashes as underscores: --flush-interval-ms -> BUCKETLOG_FLUSH_INTERVAL_MS),
+and in a TOML file given with `--config FILE` (or BUCKETLOG_CONFIG): a table of option
+names without their dashes in front (`flush-interval-ms = 250`; `flush_interval_ms`
+too). The command line wins over the environment, the environment over the file, the
+file over the defaults. A bad value names the option and where it came from.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import argparse
 import logging
 import os
 import sys
+import tomllib
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import anyio
 
@@ -321,27 +326,105 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+class ConfigError(ValueError):
+    """A value of the environment or of the config file that cannot be taken."""
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace("-", "_")
+
+
+def _convert(name: str, kind: Any, value: object, source: str) -> object:
+    """`value` of option `name` from `source` as the option takes it."""
+    try:
+        if isinstance(value, str):
+            return kind(value)
+        if kind is _bool and isinstance(value, bool):
+            return value
+        if kind in (int, _positive) and isinstance(value, int) and not isinstance(value, bool):
+            return kind(str(value))
+        if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+        raise ConfigError(f"{source}: {name}: invalid value {value!r}: {exc}") from None
+    raise ConfigError(f"{source}: {name}: invalid value {value!r} (a {type(value).__name__})")
+
+
+def load_config_file(path: str) -> dict[str, object]:
+    """The options of a TOML config file, by option name (checked: known names only)."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    known = {name for name, *_ in SERVE_OPTIONS} | {"ripcord"}
+    values = {}
+    for key, value in table.items():
+        name = key.replace("_", "-")
+        if name not in known:
+            raise ConfigError(f"{path}: {key}: not an option of bucketlog serve")
+        values[name] = value
+    return values
+
+
+def build_parser(
+    file_values: dict[str, object] | None = None, file: str = ""
+) -> argparse.ArgumentParser:
+    """The command line, each option's default taken from the environment, else from
+    the config file's values (`file_values`, read from `file`), else its own."""
+    file_values = file_values or {}
     parser = argparse.ArgumentParser(prog="bucketlog", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run a broker")
-    for name, kind, default, text in SERVE_OPTIONS:
+    serve.add_argument(
+        "--config",
+        default=_env("config"),
+        metavar="FILE",
+        help=f"a TOML file of options (the environment and the command line win over it) "
+        f"[{_env_name('config')}]",
+    )
+    for name, kind, default, text in SERVE_OPTIONS + [("ripcord", _bool, False, "")]:
         env_value = _env(name)
         value: object = default
         if env_value is not None:
-            value = kind(env_value) if callable(kind) else env_value
-        env_name = ENV_PREFIX + name.upper().replace("-", "_")
-        serve.add_argument(f"--{name}", type=kind, default=value, help=f"{text} [{env_name}]")  # type: ignore[arg-type]
-    ripcord_env = _env("ripcord")
-    serve.add_argument(
-        "--ripcord",
-        action="store_true",
-        default=_bool(ripcord_env) if ripcord_env is not None else False,
-        help="Ripcord mode: while the metadata store is unreachable, every topic's produces "
-        "are answered as a lightning topic's, and an agent can start from the cluster's "
-        f"snapshot in the object store [{ENV_PREFIX}RIPCORD]",
-    )
+            value = _convert(name, kind, env_value, f"environment {_env_name(name)}")
+        elif name in file_values:
+            value = _convert(name, kind, file_values[name], file)
+        if name == "ripcord":
+            serve.add_argument(
+                "--ripcord",
+                action="store_true",
+                default=value,
+                help="Ripcord mode: while the metadata store is unreachable, every topic's "
+                "produces are answered as a lightning topic's, and an agent can start from "
+                f"the cluster's snapshot in the object store [{_env_name(name)}]",
+            )
+            continue
+        serve.add_argument(
+            f"--{name}",
+            type=kind,  # type: ignore[arg-type]
+            default=value,
+            help=f"{text} [{_env_name(name)}]",
+        )
     return parser
+
+
+def parse_serve_args(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and the arguments of a command line, with the environment and the
+    config file it names (--config, or BUCKETLOG_CONFIG) under it. A bad value exits with
+    status 2 and a message naming the option and its source, as a bad flag does."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--config", default=_env("config"))
+    known, _rest = first.parse_known_args(argv)
+    try:
+        file_values = load_config_file(known.config) if known.config else {}
+        parser = build_parser(file_values, known.config or "")
+    except ConfigError as exc:
+        first.prog = "bucketlog serve"
+        first.error(str(exc))  # exits with status 2, as for any bad option
+    return parser, parser.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -422,8 +505,7 @@ def _run_many(args: argparse.Namespace, argv: Sequence[str], config: BrokerConfi
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, args = parse_serve_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
