@@ -30,6 +30,7 @@ from broker.journal import (
 )
 from broker.lifecycle import Lifecycle, LifecycleSettings
 from broker.memory import RequestMemory
+from broker.metrics import Meter
 from broker.readahead import ReadAhead
 from broker.ripcord import Snapshot
 from broker.sync import Notifier
@@ -83,6 +84,7 @@ class Agent:
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))
         self.request_memory = RequestMemory(config.queued_max_request_bytes)
+        self.meter = Meter()
         percentile = config.resolved_put_hedge_percentile
         self.hedge = None if percentile is None else HedgedPuts(store, percentile=percentile)
         self.pipeline = IngestPipeline(
@@ -96,6 +98,7 @@ class Agent:
             # An object the orphan sweep may delete must never be committed after.
             max_commit_delay_ms=config.orphan_min_age_ms // 2,
             hedge=self.hedge,
+            meter=self.meter,
         )
         self.journal = JournalPipeline(
             kv,
@@ -110,6 +113,7 @@ class Agent:
             sequence_seconds=config.journal_sequence_ms / 1000,
             upload_limit_ms=config.journal_upload_limit_ms,
             hedge=self.hedge,
+            meter=self.meter,
         )
         # A view of the live agents is current for this long (view_fresh): a second, or
         # two lease renewals where they are further apart.

@@ -128,6 +128,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         None,
         "for benchmarks and tests only: the same for every object-store GET",
     ),
+    (
+        "metrics-port",
+        int,
+        0,
+        "serve /metrics (Prometheus), /healthz and /readyz over HTTP on this port of the"
+        " agent's host (with --agents N, agent i on this port + i); 0: not served",
+    ),
     ("cluster-name", str, "default", "name of the cluster inside the metadata store"),
     ("rack", str, None, "rack (zone) of this agent"),
     ("auto-create-topics", _bool, True, "create unknown topics on Metadata requests"),
@@ -440,6 +447,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         s3_addressing_style=args.s3_addressing_style,
         flush_interval_ms=args.flush_interval_ms,
         put_hedge_percentile=args.put_hedge_percentile,
+        metrics_port=args.metrics_port,
         flush_bytes=args.flush_bytes,
         inject_put_latency_ms=args.inject_put_latency_ms,
         inject_get_latency_ms=args.inject_get_latency_ms,
@@ -488,9 +496,12 @@ def _run_many(args: argparse.Namespace, argv: Sequence[str], config: BrokerConfi
     the same arguments and its own port; broker.supervisor keeps them running, and
     broker.registry deregisters one that dies."""
     commands = {
-        port: [sys.executable, "-m", "broker.cli", *argv, "--agents", "1", "--port", str(port)]
-        for port in range(args.port, args.port + args.agents)
-    }
+        port: [
+            sys.executable, "-m", "broker.cli", *argv, "--agents", "1", "--port", str(port),
+            *(["--metrics-port", str(args.metrics_port + i)] if args.metrics_port else []),
+        ]
+        for i, port in enumerate(range(args.port, args.port + args.agents))
+    }  # fmt: skip
     registry = AgentRegistry(config.resolved_metadata_url, config.cluster_name, config.advertised)
     try:
         return supervise(

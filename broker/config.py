@@ -47,6 +47,8 @@ class BrokerConfig:
     # A PUT not answered after this percentile of the recent PUT times is sent a second
     # time (storage.hedge); 0: never. Default: 95 on S3, 0 on the local store.
     put_hedge_percentile: float | None = None
+    # HTTP port of /metrics, /healthz and /readyz (broker.metrics); 0: none.
+    metrics_port: int = 0
     cluster_name: str = "default"
     rack: str | None = None
     auto_create_topics: bool = True

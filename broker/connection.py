@@ -32,6 +32,7 @@ import asyncio
 import logging
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -180,6 +181,7 @@ async def _handle_frame(
     ctx = RequestContext(
         agent, header.api_version, header.correlation_id, header.client_id, peer, turn, principal
     )
+    began = time.monotonic()
     try:
         response = await api.handler(body, ctx)
     except KVError as exc:  # the metadata store is unreachable: an expected event
@@ -211,6 +213,9 @@ async def _handle_frame(
             raise _Close(
                 eventlog.HANDLER_ERROR, f"{api.name} has no error answer to give"
             ) from None
+    agent.meter.request_seconds[type(body).__name__.removesuffix("Request")].observe(
+        time.monotonic() - began
+    )
     if response is None:
         return None
     return encode_response_parts(header.correlation_id, response)

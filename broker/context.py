@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from broker.ingest import IngestPipeline
     from broker.journal import JournalPipeline, ProducerSequences
     from broker.memory import RequestMemory
+    from broker.metrics import Meter
     from broker.readahead import ReadAhead
     from broker.sync import Notifier
     from metadata import keys, topics
@@ -93,6 +94,8 @@ class AgentServices(Protocol):
     def events(self) -> EventLog: ...
     @property
     def request_memory(self) -> RequestMemory: ...
+    @property
+    def meter(self) -> Meter: ...
 
     # Topics, as cached for a moment.
     async def topic(self, name: str, *, fresh: bool = False) -> topics.Topic | None: ...

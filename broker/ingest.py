@@ -34,6 +34,7 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from broker import faults
+from broker.metrics import Meter
 from broker.sync import Notifier, Promise
 from metadata import keys
 from metadata.kv import KV
@@ -104,10 +105,12 @@ class IngestPipeline:
         max_concurrent_flushes: int = 8,
         max_commit_delay_ms: int | None = None,
         hedge: HedgedPuts | None = None,
+        meter: Meter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kv = kv
         self._hedge = hedge
+        self.meter = meter or Meter()
         self._sub = sub
         self._store = store
         self._cache = cache
@@ -190,6 +193,7 @@ class IngestPipeline:
                 flush = self._prepare(items, seq)
                 # Into the cache first: no reader looks for this key before its commit.
                 self._cache.put(flush.key, flush.data)
+                began = time.monotonic()
                 if self._hedge is not None:
                     await self._hedge.put(flush.key, flush.data, self._threads)
                 else:
@@ -206,6 +210,7 @@ class IngestPipeline:
                     self._cache.discard(flush.key)
                 self._hand_over(seq, None)
             else:
+                self.meter.flush_upload.observe(time.monotonic() - began)
                 self.stats.flushes += 1
                 self.stats.batches += len(items)
                 self.stats.bytes += flush.size
@@ -221,6 +226,8 @@ class IngestPipeline:
         for item, result in zip(items, results, strict=True):
             item.promise.set(result)
             touched.add((item.topic_id, item.partition))
+        if flush is not None:
+            self.meter.flush_end_to_end.observe(anyio.current_time() - flush.started_at)
         for key in touched:
             self._notifier.notify(key)
 
@@ -284,8 +291,10 @@ class IngestPipeline:
                 for f in group
             ]
 
+        began = time.monotonic()
         try:
             committed = await self._kv.transact(txn)
+            self.meter.metadata_commit.observe(time.monotonic() - began)
             self.stats.commits += 1
         except Exception as exc:  # the metadata store failed: nothing of it is acked
             logger.warning("commit of %d flushes failed: %s", len(group), exc)

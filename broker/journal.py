@@ -41,6 +41,7 @@ from kio.schema.errors import ErrorCode
 
 from broker import faults
 from broker.ingest import IngestPipeline, _Flush
+from broker.metrics import Meter
 from broker.sync import Notifier
 from metadata import journal as journal_layer
 from metadata import keys, leases, producers
@@ -115,6 +116,7 @@ class JournalPipeline(IngestPipeline):
         sequence_seconds: float = 600.0,
         upload_limit_ms: int = 30_000,
         hedge: HedgedPuts | None = None,
+        meter: Meter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
@@ -126,6 +128,7 @@ class JournalPipeline(IngestPipeline):
             flush_interval_ms=flush_interval_ms,
             flush_bytes=flush_bytes,
             hedge=hedge,
+            meter=meter,
             clock=clock,
         )
         self._node_id = node_id
@@ -313,7 +316,9 @@ class JournalPipeline(IngestPipeline):
                 batches=flush.pending,
             )
             try:
+                began = time.monotonic()
                 results = await self._kv.transact(txn)
+                self.meter.metadata_commit.observe(time.monotonic() - began)
                 break
             except KVError as exc:  # the metadata store is unavailable: later
                 self.journal_stats.commit_retries += 1

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from broker import ripcord, stats
+from broker import metrics, ripcord, stats
 from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.connection import handle_connection
@@ -80,6 +80,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
             if config.ripcord:
                 tg.start_soon(ripcord.snapshot_loop, agent)
+            if config.metrics_port:
+                tg.start_soon(metrics.serve_http, agent, config.host, config.metrics_port)
             tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 
             async def serve_client(stream: anyio.abc.SocketStream) -> None:
@@ -118,3 +120,14 @@ async def _stop_on_signals(signals: AsyncIterator[int], scope: anyio.CancelScope
         logger.info("received signal %d, stopping", signum)
         scope.cancel()
         return
+
+
+async def serve(config: BrokerConfig, *, ready: Any = None) -> None:
+    """Serve one agent until cancelled, without signal handling: for an agent run in a
+    thread of another program (broker.testing)."""
+    await _serve(config, _no_signals(), ready)
+
+
+async def _no_signals() -> AsyncIterator[int]:
+    await anyio.sleep_forever()
+    yield 0  # never reached: the iterator only ends with its task

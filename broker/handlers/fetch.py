@@ -39,6 +39,7 @@ from kio.schema.errors import ErrorCode
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build, ms
 from broker.handlers import api, response_class
+from broker.metrics import Meter
 from metadata import log as log_layer
 from metadata import topics as topics_layer
 from metadata import txns
@@ -78,6 +79,7 @@ class _Partition:
     entries: list[log_layer.ChunkEntry] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
     records: Gathered | bytes = b""
+    record_count: int = 0  # of records
 
     def gone(self) -> None:
         """The topic was deleted since the request came: an error, and nothing else."""
@@ -259,6 +261,7 @@ def _select(
     end_offset: int,
     budget: int,
     must_take_one: bool,
+    counted: list[int] | None = None,
 ) -> tuple[Gathered, int]:
     """Batches from fetch_offset on, within budget bytes; returns (records, bytes used).
 
@@ -279,6 +282,8 @@ def _select(
                 return Gathered(pieces), used
             pieces += numbered_parts(view, batch_first, LEADER_EPOCH)
             used += view.size
+            if counted is not None:
+                counted[0] += view.record_count
     return Gathered(pieces), used
 
 
@@ -290,7 +295,9 @@ def _select_all(partitions: list[_Partition], max_bytes: int, read_committed: bo
             continue
         budget = max(0, min(p.partition_max_bytes, max_bytes - total))
         end = p.last_stable_offset if read_committed else p.high_watermark
-        p.records, used = _select(p.chunks, p.fetch_offset, end, budget, total == 0)
+        counted = [0]
+        p.records, used = _select(p.chunks, p.fetch_offset, end, budget, total == 0, counted)
+        p.record_count = counted[0]
         total += used
     return total
 
@@ -366,4 +373,21 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             ctx.end_turn()  # a Fetch takes no effect: what comes after it need not wait
             with anyio.move_on_after(remaining):
                 await watch.wait()
+    _meter(agent.meter, partitions)
     return _answer(request, version, plan, read_committed)
+
+
+def _meter(meter: Meter, partitions: list[_Partition]) -> None:
+    """Count what the Fetch answers, per topic (broker.metrics)."""
+    named = set()
+    for p in partitions:
+        if p.topic is None:
+            continue  # a topic not there: no name of the client's is counted
+        name = p.topic.name
+        named.add(name)
+        if p.error != ErrorCode.none:
+            meter.error(name, "Fetch", p.error.name)
+        elif p.records:
+            meter.fetched(name, p.record_count, len(p.records))
+    for name in named:
+        meter.request(name, "Fetch")

@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.metrics import Meter
 from broker.sync import Promise
 from broker.topic_configs import LIGHTNING, TOPIC_TYPE, cleanup_policies
 from metadata.log import AppendResult
@@ -133,6 +134,8 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     answers: dict[tuple[str, int], dict[str, Any]] = {}
     order: list[tuple[str, int]] = []
     queued: list[_Queued] = []
+    sizes: dict[tuple[str, int], tuple[int, int]] = {}  # records, bytes of valid batches
+    known: set[str] = set()  # the topics named that are there
 
     # This request holds its connection's turn until its batches are queued: a producer's
     # pipelined requests reach the log in the order it sent them.
@@ -146,6 +149,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             log_append_time = agent.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
             compacted = "compact" in cleanup_policies(agent.topic_config(topic, "cleanup.policy"))
             lightning = agent.topic_config(topic, TOPIC_TYPE) == LIGHTNING
+            known.add(name)
         for pdata in topic_data.partition_data:
             key = (name, pdata.index)
             order.append(key)
@@ -170,6 +174,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             if keyless:
                 answers[key] = _record_errors(pdata.index, keyless)
                 continue
+            sizes[key] = (view.record_count, len(records))
             # A view of the request frame (see protocol.produce): copied once, into
             # the flush's object. A batch to be stamped is copied before that, below.
             queued.append(
@@ -251,6 +256,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             stamp = stamped[key]
         answers[key] = _partition_answer(key[1], result, None, stamp)
 
+    _meter(agent.meter, order, answers, sizes, known)
     if request.acks == 0:
         return None
     topics: dict[str, list[dict[str, Any]]] = {}
@@ -265,3 +271,27 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             "throttle_time": 0,
         },
     )
+
+
+def _meter(
+    meter: Meter,
+    order: list[tuple[str, int]],
+    answers: dict[tuple[str, int], dict[str, Any]],
+    sizes: dict[tuple[str, int], tuple[int, int]],
+    known: set[str],
+) -> None:
+    """Count what the Produce wrote, and its errors, per topic (broker.metrics). A
+    duplicate's retry counts again: its bytes came in again."""
+    named = set()
+    for key in order:
+        name = key[0]
+        code = answers[key]["error_code"]
+        if code != ErrorCode.none:
+            if name in known:  # a topic that is there: its name is no client's invention
+                meter.error(name, "Produce", code.name)
+            continue
+        named.add(name)
+        records, size = sizes[key]
+        meter.produced(name, records, size)
+    for name in named:
+        meter.request(name, "Produce")

@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tomllib
@@ -28,6 +27,7 @@ import yaml
 
 from broker.cli import ENV_PREFIX, SERVE_OPTIONS, build_parser, config_from_args
 from metadata.fdb_kv import parse_fdb_url
+from tests.support.brokerproc import BrokerProcess, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "compose"
@@ -161,12 +161,13 @@ def test_dockerfile_sets_only_known_variables(dockerfile: Dockerfile) -> None:
 
 def test_dockerfile_port_expose_and_healthcheck_agree(dockerfile: Dockerfile) -> None:
     port = dockerfile.env["BUCKETLOG_PORT"]
+    metrics_port = dockerfile.env["BUCKETLOG_METRICS_PORT"]
     (exposed,) = dockerfile.final("EXPOSE")
-    assert exposed.split("/")[0] == port
+    assert [p.split("/")[0] for p in exposed.split()] == [port, metrics_port]
     (healthcheck,) = dockerfile.final("HEALTHCHECK")
     cmd = json.loads(healthcheck[healthcheck.index("CMD ") + 4 :])
     assert cmd[:2] == ["python", "-c"]
-    assert "BUCKETLOG_PORT" in cmd[2] and f"'{port}'" in cmd[2]
+    assert "BUCKETLOG_METRICS_PORT" in cmd[2] and f"'{metrics_port}'" in cmd[2]
 
 
 def _healthcheck(dockerfile: Dockerfile) -> list[str]:
@@ -175,18 +176,25 @@ def _healthcheck(dockerfile: Dockerfile) -> list[str]:
     return [sys.executable, *cmd[1:]]
 
 
-def test_healthcheck_passes_when_the_port_listens_and_fails_when_not(
-    dockerfile: Dockerfile,
+def test_healthchecks_pass_when_the_agent_answers_and_fail_when_not(
+    dockerfile: Dockerfile, compose: dict[str, Any], tmp_path: Path
 ) -> None:
-    cmd = _healthcheck(dockerfile)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
-        env = {**os.environ, "BUCKETLOG_PORT": str(port)}
-        assert subprocess.run(cmd, env=env, timeout=10).returncode == 0
-    closed = subprocess.run(cmd, env=env, capture_output=True, timeout=10)
-    assert closed.returncode != 0
+    """The image's check (/healthz) and the compose file's (/readyz), against an agent."""
+    test = compose["services"]["agent-1"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    commands = [_healthcheck(dockerfile), [sys.executable, *test[2:]]]
+    (port, metrics_port) = free_ports(2)
+    agent = BrokerProcess(
+        data_dir=tmp_path / "data", port=port, extra_args=["--metrics-port", str(metrics_port)]
+    ).start()
+    env = {**os.environ, "BUCKETLOG_METRICS_PORT": str(metrics_port)}
+    try:
+        for cmd in commands:
+            assert subprocess.run(cmd, env=env, timeout=10).returncode == 0
+    finally:
+        agent.stop()
+    for cmd in commands:
+        assert subprocess.run(cmd, env=env, capture_output=True, timeout=10).returncode != 0
 
 
 def test_dockerfile_pins_the_foundationdb_client(dockerfile: Dockerfile) -> None:
@@ -256,7 +264,7 @@ def test_ports_line_up(
     dockerfile: Dockerfile, compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entrypoint = json.loads(dockerfile.final("ENTRYPOINT")[0])
-    exposed = int(dockerfile.final("EXPOSE")[0].split("/")[0])
+    exposed = int(dockerfile.final("EXPOSE")[0].split()[0].split("/")[0])  # the Kafka port
     endpoints = []
     for name in AGENTS:
         args = parse_serve(agent_env(dockerfile, compose, name), entrypoint[1:], monkeypatch)

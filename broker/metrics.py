@@ -1,0 +1,297 @@
+"""Prometheus metrics and health endpoints of an agent.
+
+`--metrics-port PORT` (with `--agents N`, agent i uses PORT + i) serves, over HTTP on the
+agent's host, from the agent's own event loop:
+
+* `/metrics`: the Prometheus text format, made by prometheus_client from a collector:
+  every counter of the agent's stats (broker.stats.snapshot) as
+  `bucketlog_<group>_<name>_total` (or a gauge, for the few that go down), the per-topic
+  counters kept by `Meter`, and its latency histograms;
+* `/healthz`: 200 while the agent serves;
+* `/readyz`: 200 when a metadata read and an object-store listing both answer within
+  READY_TIMEOUT_S, else 503 with the reason (checked at most once a second).
+
+The hot path pays a dict update per topic and a bisect per histogram observation; the
+families are built only when scraped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+if TYPE_CHECKING:
+    from broker.agent import Agent
+
+logger = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 2.0
+READY_CACHE_S = 1.0
+HTTP_READ_LIMIT = 16 * 1024
+HTTP_TIMEOUT_S = 10.0
+
+# Seconds: 0.5 ms to 30 s, about three buckets per factor of ten.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+# The stats that go down as well as up: gauges; every other number is a counter.
+GAUGES = frozenset(
+    {
+        ("journal", "backlog_objects"),
+        ("journal", "backlog_bytes"),
+        ("cache", "bytes"),
+        ("request_memory", "in_use"),
+        ("request_memory", "in_use_peak"),
+        ("lifecycle", "cluster_objects"),
+        ("lifecycle", "cluster_object_bytes"),
+        ("lifecycle", "cluster_chunk_entries"),
+        ("ripcord", "enabled"),
+        ("ripcord", "metadata_reachable"),
+        ("put_hedge", "threshold_us"),
+    }
+)
+
+
+class Histogram:
+    """Counts of observations by upper bound, and their sum (seconds)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """Cumulative (le, count) pairs, +Inf last, as Prometheus has them."""
+        out, seen = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            seen += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), seen))
+        return out
+
+
+class Meter:
+    """The per-topic counters and the latency histograms of an agent."""
+
+    def __init__(self) -> None:
+        self.records_in: defaultdict[str, int] = defaultdict(int)
+        self.bytes_in: defaultdict[str, int] = defaultdict(int)
+        self.records_out: defaultdict[str, int] = defaultdict(int)
+        self.bytes_out: defaultdict[str, int] = defaultdict(int)
+        self.requests: defaultdict[tuple[str, str], int] = defaultdict(int)  # (topic, api)
+        self.errors: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # +code
+        self.request_seconds: defaultdict[str, Histogram] = defaultdict(Histogram)  # by API
+        self.flush_upload = Histogram()
+        self.metadata_commit = Histogram()
+        self.flush_end_to_end = Histogram()
+
+    def produced(self, topic: str, records: int, size: int) -> None:
+        self.records_in[topic] += records
+        self.bytes_in[topic] += size
+
+    def fetched(self, topic: str, records: int, size: int) -> None:
+        self.records_out[topic] += records
+        self.bytes_out[topic] += size
+
+    def request(self, topic: str, api: str) -> None:
+        self.requests[topic, api] += 1
+
+    def error(self, topic: str, api: str, code: str) -> None:
+        self.errors[topic, api, code] += 1
+
+
+class AgentCollector:
+    """prometheus_client's view of an agent: called on the agent's event loop."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], meter: Meter) -> None:
+        self._snapshot = snapshot
+        self._meter = meter
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _from_stats(self._snapshot())
+        yield from _from_meter(self._meter)
+
+
+def _from_stats(stats: dict[str, Any]) -> Iterator[Metric]:
+    for group, values in stats.items():
+        if not isinstance(values, dict):
+            continue
+        for name, value in values.items():
+            if isinstance(value, bool):
+                value = int(value)
+            if not isinstance(value, int | float):
+                continue  # a nested table (histograms of the stats file): not here
+            metric = f"bucketlog_{group}_{name}"
+            what = f"{group}.{name} of the agent's stats"
+            if (group, name) in GAUGES:
+                yield GaugeMetricFamily(metric, what, value=value)
+            else:
+                yield CounterMetricFamily(metric, what, value=value)
+
+
+def _from_meter(meter: Meter) -> Iterator[Metric]:
+    for name, table, what in (
+        ("bucketlog_topic_records_in", meter.records_in, "records produced to the topic"),
+        ("bucketlog_topic_bytes_in", meter.bytes_in, "record batch bytes produced to the topic"),
+        ("bucketlog_topic_records_out", meter.records_out, "records fetched from the topic"),
+        ("bucketlog_topic_bytes_out", meter.bytes_out, "record batch bytes fetched"),
+    ):
+        family = CounterMetricFamily(name, what, labels=["topic"])
+        for topic, value in list(table.items()):
+            family.add_metric([topic], value)
+        yield family
+    family = CounterMetricFamily(
+        "bucketlog_topic_requests", "requests naming the topic, by API", labels=["topic", "api"]
+    )
+    for (topic, api), value in list(meter.requests.items()):
+        family.add_metric([topic, api], value)
+    yield family
+    family = CounterMetricFamily(
+        "bucketlog_topic_errors",
+        "partitions answered with an error, by API and error",
+        labels=["topic", "api", "error"],
+    )
+    for (topic, api, code), value in list(meter.errors.items()):
+        family.add_metric([topic, api, code], value)
+    yield family
+    requests = HistogramMetricFamily(
+        "bucketlog_request_seconds", "from a request's arrival to its answer", labels=["api"]
+    )
+    for api, histogram in list(meter.request_seconds.items()):
+        requests.add_metric([api], histogram.buckets(), histogram.total)
+    yield requests
+    for name, histogram, what in (
+        ("bucketlog_flush_upload_seconds", meter.flush_upload, "a flush's object upload"),
+        ("bucketlog_metadata_commit_seconds", meter.metadata_commit, "a flush group's commit"),
+        (
+            "bucketlog_flush_end_to_end_seconds",
+            meter.flush_end_to_end,
+            "from a flush's start to its batches' answers",
+        ),
+    ):
+        latencies = HistogramMetricFamily(name, what)
+        latencies.add_metric([], histogram.buckets(), histogram.total)
+        yield latencies
+
+
+# -- the HTTP side ------------------------------------------------------------------------
+
+
+class Readiness:
+    """Whether the agent can reach its stores, checked at most once per READY_CACHE_S."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self._checked_at = -READY_CACHE_S
+        self._reason: str | None = "not checked yet"
+
+    async def reason(self) -> str | None:
+        """None when ready, else why not."""
+        now = time.monotonic()
+        if now - self._checked_at >= READY_CACHE_S:
+            self._checked_at = now
+            self._reason = await self._check()
+        return self._reason
+
+    async def _check(self) -> str | None:
+        agent = self._agent
+        try:
+            with anyio.fail_after(READY_TIMEOUT_S):
+                await agent.kv.read(lambda tr: None)
+        except TimeoutError:
+            return f"metadata store: no answer within {READY_TIMEOUT_S:g} s"
+        except Exception as exc:  # any failure is the answer
+            return f"metadata store: {exc}"
+        try:
+            with anyio.fail_after(READY_TIMEOUT_S):
+                await agent.store.list("ready/")
+        except TimeoutError:
+            return f"object store: no answer within {READY_TIMEOUT_S:g} s"
+        except Exception as exc:
+            return f"object store: {exc}"
+        return None
+
+
+async def serve_http(agent: Agent, host: str, port: int) -> None:
+    """Serve /metrics, /healthz and /readyz until cancelled."""
+    registry = CollectorRegistry(auto_describe=False)
+    from broker import stats
+
+    registry.register(AgentCollector(lambda: stats.snapshot(agent), agent.meter))
+    readiness = Readiness(agent)
+    try:
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    except OSError as exc:
+        raise SystemExit(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+    logger.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", host, port)
+
+    async def answer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            try:
+                with anyio.fail_after(HTTP_TIMEOUT_S):
+                    path = await _read_request_path(stream)
+                    if path is None:
+                        await _respond(stream, 400, b"bad request\n")
+                    elif path == "/metrics":
+                        await _respond(stream, 200, generate_latest(registry), _PROMETHEUS_TYPE)
+                    elif path == "/healthz":
+                        await _respond(stream, 200, b"ok\n")
+                    elif path == "/readyz":
+                        reason = await readiness.reason()
+                        if reason is None:
+                            await _respond(stream, 200, b"ready\n")
+                        else:
+                            await _respond(stream, 503, f"not ready: {reason}\n".encode())
+                    else:
+                        await _respond(stream, 404, b"not found\n")
+            except (TimeoutError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
+                return  # a scraper that went away or stalled: nothing to say
+
+    await listener.serve(answer)
+
+
+_PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
+
+
+async def _read_request_path(stream: anyio.abc.SocketStream) -> str | None:
+    """The path of a GET request, once its header is in; None if malformed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > HTTP_READ_LIMIT:
+            return None
+        data += await stream.receive()
+    parts = data.split(b"\r\n", 1)[0].split()
+    if len(parts) != 3 or parts[0] != b"GET":
+        return None
+    return parts[1].split(b"?", 1)[0].decode("ascii", "replace")
+
+
+async def _respond(
+    stream: anyio.abc.SocketStream, status: int, body: bytes, content_type: str = "text/plain"
+) -> None:
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    await stream.send(head.encode() + body)

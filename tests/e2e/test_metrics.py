@@ -1,0 +1,113 @@
+"""/metrics, /healthz and /readyz of an agent (broker.metrics), scraped as Prometheus
+does and read with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from kio.index import load_request_schema
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.entities import build
+from protocol.records import build_batch
+from tests.e2e.rawclient import ensure_topic, fetch_raw, roundtrip
+from tests.support.brokerproc import free_ports
+
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, text = get(port, "/metrics")
+    assert status == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def produce(port: int, topic: str, partition: int, batch: bytes) -> int:
+    request = build(
+        load_request_schema(0, 9),
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 30_000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": partition, "records": batch}]}
+            ],
+        },
+    )
+    return int(roundtrip(port, request).responses[0].partition_responses[0].error_code)
+
+
+def test_per_topic_counters_add_up(start_broker) -> None:
+    (metrics_port,) = free_ports(1)
+    broker = start_broker(extra_args=["--metrics-port", str(metrics_port)])
+    assert get(metrics_port, "/healthz") == (200, "ok\n")
+    sizes: dict[str, list[tuple[int, int]]] = {"alpha": [], "beta": []}
+    for topic, count in (("alpha", 3), ("beta", 2)):
+        ensure_topic(broker.port, topic)
+        for i in range(count):
+            records = [(b"k", b"v" * (100 * (i + 1)), [], int(time.time() * 1000))] * (i + 1)
+            batch = build_batch(records)
+            assert produce(broker.port, topic, 0, batch) == 0
+            sizes[topic].append((len(records), len(batch)))
+    # A partition that is not there: an error of the topic's, nothing written.
+    assert produce(broker.port, "alpha", 7, build_batch([(b"k", b"x", [], 0)])) == 3
+    for topic in sizes:
+        fetched = fetch_raw(broker.port, topic, 0, offset=0)
+        assert len(fetched) == sum(n for n, _size in sizes[topic])
+
+    got = samples(metrics_port)
+    for topic, batches in sizes.items():
+        label = (("topic", topic),)
+        records = sum(n for n, _size in batches)
+        size = sum(size for _n, size in batches)
+        assert got["bucketlog_topic_records_in_total", label] == records
+        assert got["bucketlog_topic_bytes_in_total", label] == size
+        assert got["bucketlog_topic_records_out_total", label] == records
+        assert got["bucketlog_topic_bytes_out_total", label] == size
+        assert got["bucketlog_topic_requests_total", (("api", "Produce"), *label)] == len(batches)
+    error = (("api", "Produce"), ("error", "unknown_topic_or_partition"), ("topic", "alpha"))
+    assert got["bucketlog_topic_errors_total", error] == 1
+    # The stats of the agent, and the histograms.
+    assert got["bucketlog_pipeline_batches_total", ()] == 5
+    assert got["bucketlog_request_seconds_count", (("api", "Produce"),)] == 6
+    assert got["bucketlog_flush_upload_seconds_count", ()] >= 1
+    assert got["bucketlog_metadata_commit_seconds_count", ()] >= 1
+    assert get(metrics_port, "/nothing")[0] == 404
+
+
+def test_readiness_follows_the_metadata_store(start_broker, tmp_path) -> None:
+    (metrics_port,) = free_ports(1)
+    switch = tmp_path / "metadata-down"
+    start_broker(
+        extra_args=[
+            "--metrics-port", str(metrics_port),
+            "--metadata", f"faulty+sqlite://{tmp_path}/metadata.db?unavailable_when={switch}",
+        ]
+    )  # fmt: skip
+    assert get(metrics_port, "/readyz") == (200, "ready\n")
+    switch.touch()
+    deadline = time.monotonic() + 10
+    while (answer := get(metrics_port, "/readyz"))[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert answer[0] == 503 and "metadata store" in answer[1], answer
+    assert get(metrics_port, "/healthz")[0] == 200  # it still serves
+    switch.unlink()
+    deadline = time.monotonic() + 10
+    while (answer := get(metrics_port, "/readyz"))[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert answer == (200, "ready\n")
