@@ -18,6 +18,7 @@ from broker import placement
 from broker.cleaning import Cleaning, CleaningSettings
 from broker.compaction import Compaction, CompactionSettings
 from broker.config import BrokerConfig
+from broker.costs import AccountingStore, Ledger
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
 from broker.ingest import IngestPipeline
@@ -80,7 +81,9 @@ class Agent:
         # Entries read are used for half the delete delay at most: the objects they name
         # are kept at least that long after compaction or retention re-points them.
         self.chunks = ChunkCache(max_age_s=config.object_delete_delay_ms / 2000)
-        self.read_ahead = ReadAhead(kv, self.sub, store, self.cache, self.chunks)
+        self.read_ahead = ReadAhead(
+            kv, self.sub, store, self.cache, self.chunks, topic_name=self.topic_name_of
+        )
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))
         self.request_memory = RequestMemory(config.queued_max_request_bytes)
@@ -99,6 +102,7 @@ class Agent:
             max_commit_delay_ms=config.orphan_min_age_ms // 2,
             hedge=self.hedge,
             meter=self.meter,
+            topic_name=self.topic_name_of,
         )
         self.journal = JournalPipeline(
             kv,
@@ -114,6 +118,7 @@ class Agent:
             upload_limit_ms=config.journal_upload_limit_ms,
             hedge=self.hedge,
             meter=self.meter,
+            topic_name=self.topic_name_of,
         )
         # A view of the live agents is current for this long (view_fresh): a second, or
         # two lease renewals where they are further apart.
@@ -207,7 +212,17 @@ class Agent:
         )
         if config.inject_put_latency_ms or config.inject_get_latency_ms:
             store = _with_injected_latency(store, config)
+        if config.metrics_port:  # each request charged to topics (broker.costs)
+            store = AccountingStore(store, Ledger())
         return cls(config, open_kv(config.resolved_metadata_url), store)
+
+    def topic_name_of(self, topic_id: bytes) -> str:
+        """The topic's name as cached here (its id in hex if not cached: a deleted
+        topic's objects, or one not seen yet)."""
+        cached = self._topics_by_id.get(topic_id)
+        if cached is None or cached.topic is None:
+            return topic_id.hex()
+        return cached.topic.name
 
     # -- lifecycle -------------------------------------------------------------------
 

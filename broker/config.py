@@ -49,6 +49,13 @@ class BrokerConfig:
     put_hedge_percentile: float | None = None
     # HTTP port of /metrics, /healthz and /readyz (broker.metrics); 0: none.
     metrics_port: int = 0
+    # Dollars per 1,000 object-store requests, for the modeled cost of each topic
+    # (broker.costs). Defaults: S3 Standard, us-east-1 (https://aws.amazon.com/s3/pricing/):
+    # PUT, COPY, POST, LIST $0.005; GET, SELECT $0.0004; DELETE free.
+    price_put_per_1000: float = 0.005
+    price_get_per_1000: float = 0.0004
+    price_list_per_1000: float = 0.005
+    price_delete_per_1000: float = 0.0
     cluster_name: str = "default"
     rack: str | None = None
     auto_create_topics: bool = True

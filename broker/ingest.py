@@ -34,6 +34,7 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from broker import faults
+from broker.costs import charge
 from broker.metrics import Meter
 from broker.sync import Notifier, Promise
 from metadata import keys
@@ -106,11 +107,13 @@ class IngestPipeline:
         max_commit_delay_ms: int | None = None,
         hedge: HedgedPuts | None = None,
         meter: Meter | None = None,
+        topic_name: Callable[[bytes], str] = bytes.hex,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kv = kv
         self._hedge = hedge
         self.meter = meter or Meter()
+        self._topic_name = topic_name
         self._sub = sub
         self._store = store
         self._cache = cache
@@ -194,13 +197,14 @@ class IngestPipeline:
                 # Into the cache first: no reader looks for this key before its commit.
                 self._cache.put(flush.key, flush.data)
                 began = time.monotonic()
-                if self._hedge is not None:
-                    await self._hedge.put(flush.key, flush.data, self._threads)
-                else:
-                    await anyio.to_thread.run_sync(
-                        partial(self._store.put_sync, flush.key, flush.data, if_absent=True),
-                        limiter=self._threads,
-                    )
+                with charge(self._weights(items)):
+                    if self._hedge is not None:
+                        await self._hedge.put(flush.key, flush.data, self._threads)
+                    else:
+                        await anyio.to_thread.run_sync(
+                            partial(self._store.put_sync, flush.key, flush.data, if_absent=True),
+                            limiter=self._threads,
+                        )
             except Exception as exc:  # nothing of it is acked
                 if flush is None:
                     logger.exception("flush of %d batches failed", len(items))
@@ -230,6 +234,14 @@ class IngestPipeline:
             self.meter.flush_end_to_end.observe(anyio.current_time() - flush.started_at)
         for key in touched:
             self._notifier.notify(key)
+
+    def _weights(self, items: list[_Queued]) -> dict[str, float]:
+        """The bytes of each topic in a flush: its share of the upload (broker.costs)."""
+        weights: dict[str, float] = {}
+        for item in items:
+            name = self._topic_name(item.topic_id)
+            weights[name] = weights.get(name, 0) + len(item.data)
+        return weights
 
     def _hand_over(self, seq: int, flush: _Flush | None) -> None:
         """Flush seq is uploaded (None: it is not to be committed); tell the committer."""

@@ -117,6 +117,7 @@ class JournalPipeline(IngestPipeline):
         upload_limit_ms: int = 30_000,
         hedge: HedgedPuts | None = None,
         meter: Meter | None = None,
+        topic_name: Callable[[bytes], str] = bytes.hex,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
@@ -129,6 +130,7 @@ class JournalPipeline(IngestPipeline):
             flush_bytes=flush_bytes,
             hedge=hedge,
             meter=meter,
+            topic_name=topic_name,
             clock=clock,
         )
         self._node_id = node_id

@@ -34,6 +34,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from broker.costs import AccountingStore, Ledger
+
 if TYPE_CHECKING:
     from broker.agent import Agent
 
@@ -123,13 +125,53 @@ class Meter:
 class AgentCollector:
     """prometheus_client's view of an agent: called on the agent's event loop."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], meter: Meter) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        meter: Meter,
+        ledger: Ledger | None = None,
+        prices: dict[str, float] | None = None,
+    ) -> None:
         self._snapshot = snapshot
         self._meter = meter
+        self._ledger = ledger
+        self._prices = prices or {}
 
     def collect(self) -> Iterator[Metric]:
         yield from _from_stats(self._snapshot())
         yield from _from_meter(self._meter)
+        if self._ledger is not None:
+            yield from _from_ledger(self._ledger, self._prices)
+
+
+def _from_ledger(ledger: Ledger, prices: dict[str, float]) -> Iterator[Metric]:
+    requests, moved = ledger.copy()
+    family = CounterMetricFamily(
+        "bucketlog_topic_object_store_requests",
+        "object-store requests charged to the topic (shared ones in part), by request",
+        labels=["topic", "request"],
+    )
+    cost: defaultdict[str, float] = defaultdict(float)
+    for (topic, kind), value in requests.items():
+        family.add_metric([topic, kind], value)
+        cost[topic] += value * prices.get(kind, 0.0) / 1000
+    yield family
+    family = CounterMetricFamily(
+        "bucketlog_topic_object_store_bytes",
+        "object-store bytes charged to the topic: in (written), out (read)",
+        labels=["topic", "direction"],
+    )
+    for (topic, direction), value in moved.items():
+        family.add_metric([topic, direction], value)
+    yield family
+    family = CounterMetricFamily(
+        "bucketlog_topic_object_store_cost_dollars",
+        "the topic's object-store requests at the configured prices",
+        labels=["topic"],
+    )
+    for topic, value in cost.items():
+        family.add_metric([topic], value)
+    yield family
 
 
 def _from_stats(stats: dict[str, Any]) -> Iterator[Metric]:
@@ -237,7 +279,15 @@ async def serve_http(agent: Agent, host: str, port: int) -> None:
     registry = CollectorRegistry(auto_describe=False)
     from broker import stats
 
-    registry.register(AgentCollector(lambda: stats.snapshot(agent), agent.meter))
+    cfg = agent.config
+    prices = {
+        "PUT": cfg.price_put_per_1000,
+        "GET": cfg.price_get_per_1000,
+        "LIST": cfg.price_list_per_1000,
+        "DELETE": cfg.price_delete_per_1000,
+    }
+    ledger = agent.store.ledger if isinstance(agent.store, AccountingStore) else None
+    registry.register(AgentCollector(lambda: stats.snapshot(agent), agent.meter, ledger, prices))
     readiness = Readiness(agent)
     try:
         listener = await anyio.create_tcp_listener(local_host=host, local_port=port)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from broker.costs import charge
 from metadata import keys
 from metadata.chunk_cache import ChunkCache, read_chunks_cached
 from metadata.compaction import L2
@@ -113,8 +114,11 @@ class ReadAhead:
         store: ObjectStore,
         cache: ObjectCache,
         chunks: ChunkCache,
+        *,
+        topic_name: Callable[[bytes], str] = bytes.hex,
     ) -> None:
         self._kv = kv
+        self._topic_name = topic_name
         self._chunks = chunks
         self._sub = sub
         self._store = store
@@ -204,7 +208,8 @@ class ReadAhead:
             async for key, from_offset in receive:
                 front = self._fronts.get(key)
                 try:
-                    await self._read_stretch(key, from_offset, front)
+                    with charge({self._topic_name(key[0]): 1.0}):
+                        await self._read_stretch(key, from_offset, front)
                 except Exception as exc:  # best effort: the Fetch reads it itself
                     self.stats["failures"] += 1
                     logger.debug("read-ahead of partition %d failed: %s", key[1], exc)

@@ -37,6 +37,7 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from broker.context import AgentServices, HandlerContext
+from broker.costs import charge
 from broker.entities import build, ms
 from broker.handlers import api, response_class
 from broker.metrics import Meter
@@ -248,7 +249,12 @@ async def _read_once(
             _take_state(agent, p, read)
     owners = [(p, e) for p in partitions for e in p.entries]
     ranges = [(e.object_key, e.start, e.start + e.length) for _p, e in owners]
-    blobs = await agent.reader.read_many(ranges) if ranges else []
+    weights: dict[str, float] = {}  # the GETs' charge, by the bytes asked of each topic
+    for p, e in owners:
+        if p.topic is not None:
+            weights[p.topic.name] = weights.get(p.topic.name, 0) + e.length
+    with charge(weights):
+        blobs = await agent.reader.read_many(ranges) if ranges else []
     return owners, blobs
 
 

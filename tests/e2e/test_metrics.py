@@ -54,7 +54,8 @@ def produce(port: int, topic: str, partition: int, batch: bytes) -> int:
 
 def test_per_topic_counters_add_up(start_broker) -> None:
     (metrics_port,) = free_ports(1)
-    broker = start_broker(extra_args=["--metrics-port", str(metrics_port)])
+    # No cache: each Fetch reads the store, so that GETs are charged to the topics.
+    broker = start_broker(extra_args=["--metrics-port", str(metrics_port), "--cache-bytes", "1"])
     assert get(metrics_port, "/healthz") == (200, "ok\n")
     sizes: dict[str, list[tuple[int, int]]] = {"alpha": [], "beta": []}
     for topic, count in (("alpha", 3), ("beta", 2)):
@@ -88,6 +89,43 @@ def test_per_topic_counters_add_up(start_broker) -> None:
     assert got["bucketlog_flush_upload_seconds_count", ()] >= 1
     assert got["bucketlog_metadata_commit_seconds_count", ()] >= 1
     assert get(metrics_port, "/nothing")[0] == 404
+
+    # The object store's requests, charged to the topics: a flush's PUT to the topic of
+    # its batches (one each here), a Fetch's GETs to the topic read (an object each).
+    def charged(topic: str, request: str) -> float:
+        return got.get(
+            (
+                "bucketlog_topic_object_store_requests_total",
+                (("request", request), ("topic", topic)),
+            ),
+            0.0,
+        )
+
+    for topic, batches in sizes.items():
+        assert charged(topic, "PUT") == len(batches)
+        assert charged(topic, "GET") == len(batches)
+        written = (
+            "bucketlog_topic_object_store_bytes_total",
+            (("direction", "in"), ("topic", topic)),
+        )
+        assert got[written] > sum(size for _n, size in batches)  # the batches and a footer
+        cost = ("bucketlog_topic_object_store_cost_dollars_total", (("topic", topic),))
+        assert got[cost] == pytest.approx(len(batches) * (0.005 + 0.0004) / 1000)
+    # Every request of the store is someone's, or unattributed: they add up.
+    for request, total in (("PUT", "puts"), ("GET", "gets"), ("LIST", "lists")):
+        charged_all = sum(
+            value
+            for (name, labels), value in got.items()
+            if name == "bucketlog_topic_object_store_requests_total"
+            and dict(labels)["request"] == request
+        )
+        assert charged_all == pytest.approx(got[f"bucketlog_store_{total}_total", ()])
+    moved_in = sum(
+        value
+        for (name, labels), value in got.items()
+        if name == "bucketlog_topic_object_store_bytes_total" and dict(labels)["direction"] == "in"
+    )
+    assert moved_in == pytest.approx(got["bucketlog_store_bytes_put_total", ()])
 
 
 def test_readiness_follows_the_metadata_store(start_broker, tmp_path) -> None:
