@@ -11,7 +11,6 @@ file over the defaults. A bad value names the option and where it came from.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tomllib
@@ -21,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from broker import logformat
 from broker.config import BrokerConfig
 from broker.registry import AgentRegistry
 from broker.supervisor import DEFAULT_STOP_GRACE_S, OnAgentExit, supervise
@@ -53,6 +53,12 @@ def _on_agent_exit(value: str) -> OnAgentExit:
     except ValueError:
         choices = " or ".join(OnAgentExit)
         raise argparse.ArgumentTypeError(f"expected {choices}, got {value!r}") from None
+
+
+def _log_format(value: str) -> str:
+    if value.lower() not in logformat.FORMATS:
+        raise argparse.ArgumentTypeError(f"expected {', '.join(logformat.FORMATS)}, got {value!r}")
+    return value.lower()
 
 
 def _latency_ms(value: str) -> tuple[float, float]:
@@ -334,6 +340,7 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "how often committed offsets are checked for expiry",
     ),
     ("log-level", str, "INFO", "logging level"),
+    ("log-format", _log_format, "text", "log lines as text, logfmt (key=value) or json"),
 ]
 
 
@@ -525,10 +532,7 @@ def _run_many(args: argparse.Namespace, argv: Sequence[str], config: BrokerConfi
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, args = parse_serve_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logformat.configure(args.log_level, args.log_format)
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -192,20 +192,22 @@ async def _handle_frame(
             ) from None
         agent.events.record(
             eventlog.METADATA_UNAVAILABLE,
-            "%s v%d from %s: metadata store unreachable, answered %s: %s",
+            "%s v%d from %s (client id %r): metadata store unreachable, answered %s: %s",
             api.name,
             header.api_version,
             peer,
+            header.client_id,
             response.error_code.name,
             exc,
         )
     except Exception:  # a bug: its traceback is wanted
         agent.events.record(
             eventlog.HANDLER_ERROR,
-            "%s v%d from %s failed",
+            "%s v%d from %s (client id %r) failed",
             api.name,
             header.api_version,
             peer,
+            header.client_id,
             exc_info=True,
         )
         response = error_response(body)

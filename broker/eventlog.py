@@ -83,5 +83,5 @@ class EventLog:
             window.left_out += 1
             return False
         window.logged += 1
-        self._logger.log(level, message, *args, exc_info=exc_info)
+        self._logger.log(level, message, *args, exc_info=exc_info, extra={"event": kind})
         return True
