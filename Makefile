@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 
-.PHONY: run test lint unit kcat maven jars clean bench soak chaos
+.PHONY: run test lint unit kcat prometheus maven jars clean bench soak chaos
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ kcat:
 	@command -v kcat >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; }
+
+# A Prometheus server, to scrape an agent's /metrics in tests/e2e/test_prometheus_scrape.py.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
 # Java and Maven, for Spark's Kafka connector and Apache Kafka's tools (tests/integration).
 maven:
@@ -50,7 +56,7 @@ lint: $(STAMP)
 
 # The whole suite, then a second configuration: the end-to-end tests again with every
 # broker on the S3 store (a moto server) and SQLite metadata.
-test: $(STAMP) kcat jars lint
+test: $(STAMP) kcat prometheus jars lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e --object-store s3
 
