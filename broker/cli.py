@@ -310,6 +310,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         600_000,
         "how often committed offsets are checked for expiry",
     ),
+    (
+        "super-users",
+        str,
+        "",
+        "with --authorizer: principals allowed everything, separated by ';'"
+        " (User:admin;User:ops; Kafka's super.users)",
+    ),
     ("log-level", str, "INFO", "logging level"),
 ]
 
@@ -334,7 +341,33 @@ def build_parser() -> argparse.ArgumentParser:
         "are answered as a lightning topic's, and an agent can start from the cluster's "
         f"snapshot in the object store [{ENV_PREFIX}RIPCORD]",
     )
+    for flag, text in (
+        (
+            "authorizer",
+            "check Kafka ACLs on every request (Kafka's authorizer.class.name set to its"
+            " StandardAuthorizer); ACLs are managed with CreateAcls, DescribeAcls and"
+            " DeleteAcls (kafka-acls)",
+        ),
+        (
+            "allow-everyone-if-no-acl-found",
+            "with --authorizer: a resource no ACL applies to is open to everyone"
+            " (allow.everyone.if.no.acl.found)",
+        ),
+    ):
+        flag_env = _env(flag)
+        serve.add_argument(
+            f"--{flag}",
+            action="store_true",
+            default=_bool(flag_env) if flag_env is not None else False,
+            help=f"{text} [{ENV_PREFIX}{flag.upper().replace('-', '_')}]",
+        )
     return parser
+
+
+def _super_users(value: str) -> frozenset[str]:
+    from broker.authorizer import parse_super_users
+
+    return parse_super_users(value)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -389,6 +422,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         offsets_retention_minutes=args.offsets_retention_minutes,
         offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
+        authorizer=args.authorizer,
+        super_users=_super_users(args.super_users or ""),
+        allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,
     )
 
 

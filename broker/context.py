@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from broker.authorizer import AclAuthorizer
     from broker.config import BrokerConfig
     from broker.eventlog import EventLog
     from broker.groups import GroupCoordinator
@@ -93,6 +94,10 @@ class AgentServices(Protocol):
     def events(self) -> EventLog: ...
     @property
     def request_memory(self) -> RequestMemory: ...
+    # None when authorization is off (broker.access checks through it).
+    @property
+    def authorizer(self) -> AclAuthorizer | None: ...
+    async def reload_acls(self, *, if_changed: bool = ...) -> None: ...
 
     # Topics, as cached for a moment.
     async def topic(self, name: str, *, fresh: bool = False) -> topics.Topic | None: ...
@@ -125,6 +130,9 @@ class HandlerContext(Protocol):
     def client_id(self) -> str | None: ...
     @property
     def peer(self) -> str: ...
+    # Who sent the request, in Kafka's form ("User:alice"; "User:ANONYMOUS").
+    @property
+    def principal(self) -> str: ...
 
     def end_turn(self) -> None:
         """This request has taken effect: the connection's next request may start."""

@@ -30,12 +30,15 @@ HANDLER_ERROR = "handler_errors"
 # A request that needed the metadata store while it was unreachable: answered with a
 # retriable error.
 METADATA_UNAVAILABLE = "metadata_unavailable"
+# A request refused by the authorizer (broker.access): expected, one line within the limit.
+AUTHORIZATION_DENIED = "authorization_denied"
 LEVELS = {
     MALFORMED_REQUEST: logging.WARNING,
     UNSUPPORTED_VERSION: logging.WARNING,
     CLIENT_DISCONNECT: logging.INFO,
     HANDLER_ERROR: logging.ERROR,
     METADATA_UNAVAILABLE: logging.WARNING,
+    AUTHORIZATION_DENIED: logging.INFO,
 }
 
 

@@ -50,6 +50,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                     " no Ripcord snapshot: the agent cannot start"
                 ) from None
             agent.start_from_snapshot(snapshot)
+        if agent.authorizer is not None:
+            await agent.reload_acls(if_changed=False)  # no request is checked without them
         try:
             listener = await anyio.create_tcp_listener(
                 local_host=config.host, local_port=config.port
@@ -76,6 +78,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             tg.start_soon(agent.peer_probe_loop)
             tg.start_soon(agent.watermark_loop)
             tg.start_soon(agent.transaction_timeout_loop)
+            if agent.authorizer is not None:
+                tg.start_soon(agent.acl_loop)
             tg.start_soon(agent.groups.run)
             tg.start_soon(agent.lifecycle.run)
             tg.start_soon(agent.compaction.run)

@@ -53,6 +53,11 @@ def snapshot(agent: Agent) -> dict[str, Any]:
             **agent.request_memory.stats,
         },
     }
+    if agent.authorizer is not None:  # --authorizer: the ACLs loaded, denials by resource
+        body["authorization"] = {
+            **dataclasses.asdict(agent.authorizer.stats),
+            "super_users": len(agent.authorizer.super_users),
+        }
     injected = getattr(agent.store, "injected_stats", None)
     if injected is not None:  # --inject-put-latency-ms (benchmarks): storage.injected
         body["store_injected"] = dict(injected)

@@ -60,6 +60,7 @@ _MODULES = (
     "delete_groups",
     "offset_delete",
     "delete_records",
+    "acls",
 )
 
 
