@@ -13,6 +13,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.groups.placement import GROUP, TRANSACTION
@@ -21,7 +23,25 @@ from broker.handlers import api, response_class
 API_KEY = 10
 
 
-def _answer(agent: AgentServices, key_type: int, key: str) -> dict[str, Any]:
+def _refused(key: str, code: ErrorCode) -> dict[str, Any]:
+    return {
+        "key": key,
+        "error_code": code,
+        "error_message": None,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+    }
+
+
+def _answer(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any]:
+    agent: AgentServices = ctx.agent
+    if key_type == GROUP and not access.authorize(ctx, Operation.DESCRIBE, ResourceType.GROUP, key):
+        return _refused(key, ErrorCode.group_authorization_failed)
+    if key_type == TRANSACTION and not access.authorize(
+        ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key
+    ):
+        return _refused(key, ErrorCode.transactional_id_authorization_failed)
     if key_type not in (GROUP, TRANSACTION):
         return {
             "key": key,
@@ -52,9 +72,9 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             response_class(request),
             {
                 "throttle_time": 0,
-                "coordinators": [_answer(agent, key_type, k) for k in request.coordinator_keys],
+                "coordinators": [_answer(ctx, key_type, k) for k in request.coordinator_keys],
             },
         )
-    answer = _answer(agent, key_type, request.key)
+    answer = _answer(ctx, key_type, request.key)
     answer["throttle_time"] = 0
     return build(response_class(request), answer)

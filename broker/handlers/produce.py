@@ -26,6 +26,8 @@ from typing import Any
 import anyio
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
@@ -137,8 +139,17 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     # This request holds its connection's turn until its batches are queued: a producer's
     # pipelined requests reach the log in the order it sent them.
     promises: list[tuple[tuple[str, int], Promise[AppendResult], float | None]] = []
+    checked = agent.authorizer is not None  # with authorization off, nothing more is paid
     for topic_data in request.topic_data:
         name = topic_data.name
+        if checked and not access.authorize(ctx, Operation.WRITE, ResourceType.TOPIC, name):
+            # Before existence, as Kafka: a topic one may not write to is not revealed.
+            for pdata in topic_data.partition_data:
+                order.append((name, pdata.index))
+                answers[(name, pdata.index)] = _partition_answer(
+                    pdata.index, AppendResult(ErrorCode.topic_authorization_failed)
+                )
+            continue
         topic = await agent.topic(name)
         max_bytes, log_append_time, compacted, lightning = 0, False, False, False
         if topic is not None:
@@ -178,7 +189,15 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
 
     # Kafka answers bad partitions first, and then judges what is left as a whole.
     transactional = any(view.is_transactional for *_rest, view, _stamp, _kind in queued)
-    if transactional and request.transactional_id is None:
+    if transactional and (
+        request.transactional_id is None
+        or (
+            checked
+            and not access.authorize(
+                ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id
+            )
+        )
+    ):
         code = ErrorCode.transactional_id_authorization_failed
         for key in order:
             answers[key] = _partition_answer(key[1], AppendResult(code))
