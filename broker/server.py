@@ -51,7 +51,14 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                 ) from None
             agent.start_from_snapshot(snapshot)
         if agent.authorizer is not None:
-            await agent.reload_acls(if_changed=False)  # no request is checked without them
+            try:
+                await agent.reload_acls(if_changed=False)
+            except KVError as exc:  # a Ripcord start: the ACL loop loads them later
+                logger.warning(
+                    "ACLs unreadable (%s): every resource is treated as one without ACLs"
+                    " until the metadata store answers",
+                    exc,
+                )
         try:
             listener = await anyio.create_tcp_listener(
                 local_host=config.host, local_port=config.port

@@ -27,6 +27,8 @@ DESCRIBE_ACLS = 29
 CREATE_ACLS = 30
 DELETE_ACLS = 31
 NO_AUTHORIZER = "No Authorizer is configured."
+# DescribeAcls says it in other words (Kafka's AclApis).
+NO_AUTHORIZER_DESCRIBE = "No Authorizer is configured on the broker"
 # Resource types whose bindings take effect here.
 SUPPORTED_TYPES = (
     ResourceType.TOPIC,
@@ -59,8 +61,6 @@ def invalid_binding(acl: AclBinding) -> str | None:
             f"Could not parse principal from `{acl.principal}` (no colon is present"
             " separating the principal type from the principal name)"
         )
-    if not acl.host:
-        return "Invalid empty host (use '*' for every host)"
     return None
 
 
@@ -114,7 +114,7 @@ async def describe_acls(request: Any, ctx: HandlerContext) -> Any:
     if not access.authorize_cluster(ctx, Operation.DESCRIBE):
         return answer(ErrorCode.cluster_authorization_failed, None, [])
     if not access.enabled(ctx):
-        return answer(ErrorCode.security_disabled, NO_AUTHORIZER, [])
+        return answer(ErrorCode.security_disabled, NO_AUTHORIZER_DESCRIBE, [])
     wanted = _filter(request)
     unknown = wanted.unknown()
     if unknown is not None:
