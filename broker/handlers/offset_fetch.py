@@ -59,6 +59,8 @@ async def _fetch_group(
     # Kafka: DESCRIBE on the group, then on each topic (topics one may not describe are
     # left out of "all", and TOPIC_AUTHORIZATION_FAILED when named).
     checked = access.enabled(ctx)
+    offsets: dict[tuple[str, int], Any]
+    unstable: set[tuple[str, int]]
     if checked and not access.authorize(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
         error, offsets, unstable = ErrorCode.group_authorization_failed, {}, set()
     else:

@@ -139,10 +139,10 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     # This request holds its connection's turn until its batches are queued: a producer's
     # pipelined requests reach the log in the order it sent them.
     promises: list[tuple[tuple[str, int], Promise[AppendResult], float | None]] = []
-    checked = agent.authorizer is not None  # with authorization off, nothing more is paid
+    authorizing = agent.authorizer is not None  # with authorization off, nothing more is paid
     for topic_data in request.topic_data:
         name = topic_data.name
-        if checked and not access.authorize(ctx, Operation.WRITE, ResourceType.TOPIC, name):
+        if authorizing and not access.authorize(ctx, Operation.WRITE, ResourceType.TOPIC, name):
             # Before existence, as Kafka: a topic one may not write to is not revealed.
             for pdata in topic_data.partition_data:
                 order.append((name, pdata.index))
@@ -192,7 +192,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     if transactional and (
         request.transactional_id is None
         or (
-            checked
+            authorizing
             and not access.authorize(
                 ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id
             )
