@@ -32,6 +32,7 @@ __all__ = [
     "authorize_any",
     "authorize_cluster",
     "authorized_operations",
+    "cluster_operations",
     "enabled",
     "filter_authorized",
 ]
@@ -107,6 +108,14 @@ def authorized_operations(ctx: HandlerContext, resource_type: ResourceType, name
             bits |= 1 << int(op)
         return bits
     return authorizer.authorized_operations(ctx.principal, client_host(ctx), resource_type, name)
+
+
+def cluster_operations(ctx: HandlerContext) -> int:
+    """The cluster's authorized operations, as Metadata and DescribeCluster answer them:
+    none at all without DESCRIBE on the cluster (Kafka)."""
+    if enabled(ctx) and not authorize_cluster(ctx, Operation.DESCRIBE, log=False):
+        return 0
+    return authorized_operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME)
 
 
 def _denied(ctx: HandlerContext, host: str, operation: Operation, kind: str, name: str) -> None:

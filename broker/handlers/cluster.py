@@ -105,11 +105,7 @@ async def describe_cluster(request: Any, ctx: HandlerContext) -> Any:
                 for b in brokers
             ],
             "cluster_authorized_operations": (
-                (
-                    access.authorized_operations(ctx, ResourceType.CLUSTER, access.CLUSTER_NAME)
-                    if access.enabled(ctx)
-                    else CLUSTER_OPERATIONS
-                )
+                (access.cluster_operations(ctx) if access.enabled(ctx) else CLUSTER_OPERATIONS)
                 if include_ops
                 else NO_AUTHORIZED_OPERATIONS
             ),

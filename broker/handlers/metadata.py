@@ -98,7 +98,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     with_topic_ops = getattr(request, "include_topic_authorized_operations", False)
     topic_ops = ALL_TOPIC_OPERATIONS if with_topic_ops else NO_AUTHORIZED_OPERATIONS
     cluster_ops = (
-        access.authorized_operations(ctx, ResourceType.CLUSTER, access.CLUSTER_NAME)
+        access.cluster_operations(ctx)
         if getattr(request, "include_cluster_authorized_operations", False)
         else NO_AUTHORIZED_OPERATIONS
     )

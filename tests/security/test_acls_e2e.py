@@ -579,3 +579,26 @@ def test_every_api_checks_what_kafka_checks(secured, api):
     with wire.WireClient(secured.bootstrap) as client:
         answer = client.call(wire.request(key, version, **fields))
     assert error_of(answer) == expected, answer
+
+
+def test_authorized_operations_are_the_principals(secured):
+    with wire.WireClient(secured.bootstrap) as client:
+        cluster = client.call(
+            wire.request(60, 1, include_cluster_authorized_operations=True, endpoint_type=1)
+        )
+        groups = client.call(
+            wire.request(15, 5, groups=["ro-group"], include_authorized_operations=True)
+        )
+        (topic,) = client.call(
+            wire.request(
+                3,
+                12,
+                topics=[{"name": "ro-orders", "topic_id": None}],
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=True,
+            )
+        ).topics
+    # ALTER on the cluster implies DESCRIBE; READ on a group or topic implies DESCRIBE.
+    assert cluster.cluster_authorized_operations == (1 << 7) | (1 << 8)
+    assert groups.groups[0].authorized_operations == (1 << 3) | (1 << 8)
+    assert topic.topic_authorized_operations == (1 << 3) | (1 << 8)
