@@ -32,6 +32,8 @@ HANDLER_ERROR = "handler_errors"
 METADATA_UNAVAILABLE = "metadata_unavailable"
 # A request refused by the authorizer (broker.access): expected, one line within the limit.
 AUTHORIZATION_DENIED = "authorization_denied"
+# An ACL request refused as invalid (an unknown code, a PREFIXED "*"): INVALID_REQUEST.
+INVALID_ACL_REQUEST = "invalid_acl_requests"
 LEVELS = {
     MALFORMED_REQUEST: logging.WARNING,
     UNSUPPORTED_VERSION: logging.WARNING,
@@ -39,6 +41,7 @@ LEVELS = {
     HANDLER_ERROR: logging.ERROR,
     METADATA_UNAVAILABLE: logging.WARNING,
     AUTHORIZATION_DENIED: logging.INFO,
+    INVALID_ACL_REQUEST: logging.WARNING,
 }
 
 

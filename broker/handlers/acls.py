@@ -15,7 +15,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker import access
+from broker import access, eventlog
 from broker.authorizer import CLUSTER_NAME
 from broker.context import HandlerContext
 from broker.entities import build
@@ -62,6 +62,17 @@ def invalid_binding(acl: AclBinding) -> str | None:
             " separating the principal type from the principal name)"
         )
     return None
+
+
+def _refused(ctx: HandlerContext, api: str, why: str) -> None:
+    ctx.agent.events.record(
+        eventlog.INVALID_ACL_REQUEST,
+        "%s from %s (%s) refused: %s",
+        api,
+        ctx.peer,
+        ctx.principal,
+        why,
+    )
 
 
 def _filter(entry: Any) -> AclFilter:
@@ -118,6 +129,7 @@ async def describe_acls(request: Any, ctx: HandlerContext) -> Any:
     wanted = _filter(request)
     unknown = wanted.unknown()
     if unknown is not None:
+        _refused(ctx, "DescribeAcls", unknown)
         return answer(ErrorCode.invalid_request, unknown, [])
     agent = ctx.agent
     found = await agent.kv.read(lambda tr: acls.list_acls(tr, agent.sub))
@@ -155,6 +167,9 @@ async def create_acls(request: Any, ctx: HandlerContext) -> Any:
         for c in creations
     ]
     problems = [invalid_binding(b) for b in bindings]
+    for problem in problems:
+        if problem is not None:
+            _refused(ctx, "CreateAcls", problem)
     valid = [b for b, problem in zip(bindings, problems, strict=True) if problem is None]
     if valid:
         agent = ctx.agent
@@ -205,6 +220,9 @@ async def delete_acls(request: Any, ctx: HandlerContext) -> Any:
     if not access.enabled(ctx):
         return answer([(ErrorCode.security_disabled, NO_AUTHORIZER, [])] * len(filters))
     problems = [f.unknown() for f in filters]
+    for problem in problems:
+        if problem is not None:
+            _refused(ctx, "DeleteAcls", problem)
     valid = [f for f, problem in zip(filters, problems, strict=True) if problem is None]
     agent = ctx.agent
     matched = iter(await agent.kv.transact(lambda tr: acls.delete_acls(tr, agent.sub, valid)))

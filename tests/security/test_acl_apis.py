@@ -137,6 +137,7 @@ def test_invalid_bindings_are_invalid_request_and_the_valid_ones_still_created(a
     assert results[1].error_code == ErrorCode.none
     stored = anyio.run(agent.kv.read, lambda tr: acls.list_acls(tr, agent.sub))
     assert [a.resource_name for a in stored] == ["fine"]
+    assert agent.events.counts["invalid_acl_requests"] == 1  # one line, rate-limited
 
 
 def test_describe_and_delete_filter_as_kafka(agent):
