@@ -14,7 +14,9 @@ from kio.schema.errors import ErrorCode
 
 from broker.authorizer import AclAuthorizer
 from broker.eventlog import EventLog
+from broker.groups.admin import ListedGroup
 from broker.handlers.acls import create_acls, delete_acls, describe_acls
+from broker.handlers.list_groups import handle as list_groups
 from metadata import acls, keys
 from metadata.sqlite_kv import SQLiteKV
 from tests.e2e.wire import request
@@ -27,6 +29,7 @@ class _Agent:
     kv: Any
     authorizer: AclAuthorizer | None
     sub: keys.Subspace = field(default_factory=lambda: keys.cluster_subspace("test"))
+    groups: Any = None
     events: EventLog = field(default_factory=lambda: EventLog(logging.getLogger(__name__)))
 
     async def reload_acls(self, *, if_changed: bool = True) -> None:
@@ -169,3 +172,23 @@ def test_describe_and_delete_filter_as_kafka(agent):
     assert sorted(r.resource_name for r in left) == ["*", "orders-"]
     # The agent reloaded its authorizer after each change.
     assert agent.authorizer.stats.acls == 2
+
+
+class _Groups:
+    async def list_groups(self) -> list[ListedGroup]:
+        return [ListedGroup(g, "consumer", "Stable") for g in ("billing", "orders", "other")]
+
+
+def test_list_groups_lists_what_the_principal_may_describe(agent):
+    agent.groups = _Groups()
+    create(_Ctx(agent), creation(rtype=3, name="billing"), creation(rtype=3, name="ord", pattern=4))
+
+    def listed(ctx):
+        answer = anyio.run(list_groups, request(16, 5, states_filter=[], types_filter=[]), ctx)
+        return sorted(g.group_id for g in answer.groups)
+
+    assert listed(_Ctx(agent, principal=ALICE)) == ["billing", "orders"]
+    assert agent.authorizer.stats.denied == {}  # filtering is no denial
+    # DESCRIBE on the cluster lists every group.
+    create(_Ctx(agent), creation(rtype=4, name="kafka-cluster", op=8))
+    assert listed(_Ctx(agent, principal=ALICE)) == ["billing", "orders", "other"]
