@@ -29,6 +29,7 @@ from confluent_kafka.admin import (
 )
 from kio.schema.errors import ErrorCode
 
+from protocol.records import build_batch
 from tests.e2e import wire
 from tests.integration.support import INTEGRATION, run_tool
 from tests.support.brokerproc import BrokerProcess, free_ports
@@ -602,3 +603,17 @@ def test_authorized_operations_are_the_principals(secured):
     assert cluster.cluster_authorized_operations == (1 << 7) | (1 << 8)
     assert groups.groups[0].authorized_operations == (1 << 3) | (1 << 8)
     assert topic.topic_authorized_operations == (1 << 3) | (1 << 8)
+
+
+def test_a_transactional_produce_needs_write_on_its_transactional_id_first(secured):
+    batch = build_batch(
+        [(None, b"t", [], int(time.time() * 1000))],
+        producer_id=1,
+        producer_epoch=0,
+        base_sequence=0,
+        transactional=True,
+    )
+    with wire.WireClient(secured.bootstrap) as client:
+        # ro-orders refuses WRITE too; Kafka answers the transactional id first.
+        answers = wire.produce(client, {"ro-orders": {0: batch}}, transactional_id="txn-no")
+    assert {k: a.error_code for k, a in answers.items()} == {("ro-orders", 0): TXN_DENIED}
