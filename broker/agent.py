@@ -161,6 +161,8 @@ class Agent:
             if config.authorizer
             else None
         )
+        # One reload at a time: a slow one never puts older ACLs over a newer one's.
+        self._acl_reload = anyio.Lock()
         self.lifecycle = Lifecycle(
             self,
             LifecycleSettings(
@@ -266,12 +268,13 @@ class Agent:
         authorizer = self.authorizer
         if authorizer is None:
             return
-        if if_changed:
-            version = await self.kv.read(lambda tr: acls.version(tr, self.sub), quick=True)
-            if version == authorizer.version:
-                return
-        version, bindings = await self.kv.read(lambda tr: acls.load(tr, self.sub))
-        authorizer.load(version, bindings)
+        async with self._acl_reload:
+            if if_changed:
+                version = await self.kv.read(lambda tr: acls.version(tr, self.sub), quick=True)
+                if version == authorizer.version:
+                    return
+            version, bindings = await self.kv.read(lambda tr: acls.load(tr, self.sub))
+            authorizer.load(version, bindings)
 
     async def acl_loop(self) -> None:
         """Keep the authorizer's ACLs those of the store, ACL_POLL_SECONDS behind at most."""
