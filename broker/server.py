@@ -50,15 +50,6 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                     " no Ripcord snapshot: the agent cannot start"
                 ) from None
             agent.start_from_snapshot(snapshot)
-        if agent.authorizer is not None:
-            try:
-                await agent.reload_acls(if_changed=False)
-            except KVError as exc:  # a Ripcord start: the ACL loop loads them later
-                logger.warning(
-                    "ACLs unreadable (%s): every resource is treated as one without ACLs"
-                    " until the metadata store answers",
-                    exc,
-                )
         try:
             listener = await anyio.create_tcp_listener(
                 local_host=config.host, local_port=config.port
@@ -76,6 +67,15 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             config.resolved_metadata_url,
             config.resolved_storage_url,
         )
+        if agent.authorizer is not None:  # loaded before any request is served
+            try:
+                await agent.reload_acls(if_changed=False)
+            except KVError as exc:  # a Ripcord start: the ACL loop loads them later
+                logger.warning(
+                    "ACLs unreadable (%s): every resource is treated as one without ACLs"
+                    " until the metadata store answers",
+                    exc,
+                )
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.pipeline.run)
             tg.start_soon(agent.journal.run)

@@ -46,6 +46,7 @@ _MODULES = (
     "init_producer_id",
     "topics_admin",
     "configs",
+    "acls",
     "cluster",
     "txn",
     "find_coordinator",
@@ -60,7 +61,6 @@ _MODULES = (
     "delete_groups",
     "offset_delete",
     "delete_records",
-    "acls",
 )
 
 

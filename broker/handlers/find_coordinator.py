@@ -23,7 +23,19 @@ from broker.handlers import api, response_class
 API_KEY = 10
 
 
-def _refused(key: str, code: ErrorCode) -> dict[str, Any]:
+def _refusal(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any] | None:
+    """Kafka's check: DESCRIBE on the group or transactional id; the answer if refused."""
+    if key_type == GROUP:
+        resource, code = ResourceType.GROUP, ErrorCode.group_authorization_failed
+    elif key_type == TRANSACTION:
+        resource, code = (
+            ResourceType.TRANSACTIONAL_ID,
+            ErrorCode.transactional_id_authorization_failed,
+        )
+    else:
+        return None
+    if access.authorize(ctx, Operation.DESCRIBE, resource, key):
+        return None
     return {
         "key": key,
         "error_code": code,
@@ -34,14 +46,7 @@ def _refused(key: str, code: ErrorCode) -> dict[str, Any]:
     }
 
 
-def _answer(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any]:
-    agent: AgentServices = ctx.agent
-    if key_type == GROUP and not access.authorize(ctx, Operation.DESCRIBE, ResourceType.GROUP, key):
-        return _refused(key, ErrorCode.group_authorization_failed)
-    if key_type == TRANSACTION and not access.authorize(
-        ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key
-    ):
-        return _refused(key, ErrorCode.transactional_id_authorization_failed)
+def _answer(agent: AgentServices, key_type: int, key: str) -> dict[str, Any]:
     if key_type not in (GROUP, TRANSACTION):
         return {
             "key": key,
@@ -72,9 +77,12 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             response_class(request),
             {
                 "throttle_time": 0,
-                "coordinators": [_answer(ctx, key_type, k) for k in request.coordinator_keys],
+                "coordinators": [
+                    _refusal(ctx, key_type, k) or _answer(agent, key_type, k)
+                    for k in request.coordinator_keys
+                ],
             },
         )
-    answer = _answer(ctx, key_type, request.key)
+    answer = _refusal(ctx, key_type, request.key) or _answer(agent, key_type, request.key)
     answer["throttle_time"] = 0
     return build(response_class(request), answer)
