@@ -23,29 +23,6 @@ from broker.handlers import api, response_class
 API_KEY = 10
 
 
-def _refusal(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any] | None:
-    """Kafka's check: DESCRIBE on the group or transactional id; the answer if refused."""
-    if key_type == GROUP:
-        resource, code = ResourceType.GROUP, ErrorCode.group_authorization_failed
-    elif key_type == TRANSACTION:
-        resource, code = (
-            ResourceType.TRANSACTIONAL_ID,
-            ErrorCode.transactional_id_authorization_failed,
-        )
-    else:
-        return None
-    if access.authorize(ctx, Operation.DESCRIBE, resource, key):
-        return None
-    return {
-        "key": key,
-        "error_code": code,
-        "error_message": None,
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-    }
-
-
 def _answer(agent: AgentServices, key_type: int, key: str) -> dict[str, Any]:
     if key_type not in (GROUP, TRANSACTION):
         return {
@@ -86,3 +63,26 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     answer = _refusal(ctx, key_type, request.key) or _answer(agent, key_type, request.key)
     answer["throttle_time"] = 0
     return build(response_class(request), answer)
+
+
+def _refusal(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any] | None:
+    """Kafka's check: DESCRIBE on the group or transactional id; the answer if refused."""
+    if key_type == GROUP:
+        resource, code = ResourceType.GROUP, ErrorCode.group_authorization_failed
+    elif key_type == TRANSACTION:
+        resource, code = (
+            ResourceType.TRANSACTIONAL_ID,
+            ErrorCode.transactional_id_authorization_failed,
+        )
+    else:
+        return None
+    if access.authorize(ctx, Operation.DESCRIBE, resource, key):
+        return None
+    return {
+        "key": key,
+        "error_code": code,
+        "error_message": None,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+    }
