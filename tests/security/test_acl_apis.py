@@ -17,6 +17,7 @@ from broker.eventlog import EventLog
 from broker.groups.admin import ListedGroup
 from broker.handlers.acls import create_acls, delete_acls, describe_acls
 from broker.handlers.list_groups import handle as list_groups
+from broker.handlers.txn import describe_transactions
 from metadata import acls, keys
 from metadata.sqlite_kv import SQLiteKV
 from tests.e2e.wire import request
@@ -192,3 +193,16 @@ def test_list_groups_lists_what_the_principal_may_describe(agent):
     # DESCRIBE on the cluster lists every group.
     create(_Ctx(agent), creation(rtype=4, name="kafka-cluster", op=8))
     assert listed(_Ctx(agent, principal=ALICE)) == ["billing", "orders", "other"]
+
+
+def test_describe_transactions_needs_describe_on_the_transactional_id(agent):
+    create(_Ctx(agent), creation(rtype=5, name="tx-", pattern=4, op=4))  # WRITE on tx-*
+    answer = anyio.run(
+        describe_transactions,
+        request(65, 0, transactional_ids=["tx-mine", "other"]),
+        _Ctx(agent, principal=ALICE),
+    )
+    assert [s.error_code for s in answer.transaction_states] == [
+        ErrorCode.transactional_id_not_found,  # WRITE implies DESCRIBE: looked up
+        ErrorCode.transactional_id_authorization_failed,
+    ]
