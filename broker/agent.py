@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 
 from broker import placement
+from broker.authorizer import AclAuthorizer
 from broker.cleaning import Cleaning, CleaningSettings
 from broker.compaction import Compaction, CompactionSettings
 from broker.config import BrokerConfig
@@ -35,7 +36,7 @@ from broker.metrics import Meter
 from broker.readahead import ReadAhead
 from broker.ripcord import Snapshot
 from broker.sync import Notifier
-from metadata import cluster, keys, topics
+from metadata import acls, cluster, keys, topics
 from metadata import log as log_layer
 from metadata.chunk_cache import ChunkCache
 from metadata.cluster import Agent as AgentInfo
@@ -58,6 +59,10 @@ PEER_PROBE_TIMEOUT_SECONDS = 0.2
 # How recent the view of the live agents must be for lightning partitions to be answered
 # (Agent.view_fresh), at least; a new leader waits SETTLE_S - VIEW_FRESH_SECONDS longer.
 VIEW_FRESH_SECONDS = 1.0
+# How often the store's ACL version is read (with --authorizer): an ACL written through
+# another agent takes effect here within this, plus one reload. One point read: about
+# 30 us of SQLite every 0.5 s.
+ACL_POLL_SECONDS = 0.5
 
 
 def now_ms() -> int:
@@ -161,6 +166,17 @@ class Agent:
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
         self.groups = GroupCoordinator.for_agent(self)
+        # None: authorization is off and no request is checked (broker.access).
+        self.authorizer: AclAuthorizer | None = (
+            AclAuthorizer(
+                config.super_users,
+                allow_everyone_if_no_acl_found=config.allow_everyone_if_no_acl_found,
+            )
+            if config.authorizer
+            else None
+        )
+        # One reload at a time: a slow one never puts older ACLs over a newer one's.
+        self._acl_reload = anyio.Lock()
         self.lifecycle = Lifecycle(
             self,
             LifecycleSettings(
@@ -269,6 +285,31 @@ class Agent:
         self._lease_expires_ms = renewed_ms + cfg.lease_ms
         self.live = sorted(live, key=lambda a: a.node_id)
         self._live_read_at = time.monotonic()
+
+    async def reload_acls(self, *, if_changed: bool = True) -> None:
+        """Load the ACLs into the authorizer; if_changed: only if the store's ACL version
+        is not the one loaded (a point read)."""
+        authorizer = self.authorizer
+        if authorizer is None:
+            return
+        async with self._acl_reload:
+            if if_changed:
+                version = await self.kv.read(lambda tr: acls.version(tr, self.sub), quick=True)
+                if version == authorizer.version:
+                    return
+            version, bindings = await self.kv.read(lambda tr: acls.load(tr, self.sub))
+            authorizer.load(version, bindings)
+
+    async def acl_loop(self) -> None:
+        """Keep the authorizer's ACLs those of the store, ACL_POLL_SECONDS behind at most."""
+        while True:
+            await anyio.sleep(ACL_POLL_SECONDS)
+            try:
+                await self.reload_acls()
+            except KVError as exc:  # the store is unreachable: the ACLs loaded stay
+                self.store_failure("ACL reload failed: %s", exc)
+            except Exception:
+                logger.exception("ACL reload failed")
 
     async def deregister(self) -> None:
         if self.node_id >= 0:

@@ -40,6 +40,15 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def _flag(value: str) -> bool:
+    """A flag without a value on the command line (store_true); true or false in the
+    environment and the config file."""
+    return _bool(value)
+
+
+_FLAG = _flag
+
+
 def _positive(value: str) -> int:
     number = int(value)
     if number <= 0:
@@ -339,6 +348,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         600_000,
         "how often committed offsets are checked for expiry",
     ),
+    (
+        "super-users",
+        str,
+        "",
+        "with --authorizer: principals allowed everything, separated by ';'"
+        " (User:admin;User:ops; Kafka's super.users)",
+    ),
     ("log-level", str, "INFO", "logging level"),
     ("log-format", _log_format, "text", "log lines as text, logfmt (key=value) or json"),
 ]
@@ -357,7 +373,7 @@ def _convert(name: str, kind: Any, value: object, source: str) -> object:
     try:
         if isinstance(value, str):
             return kind(value)
-        if kind is _bool and isinstance(value, bool):
+        if kind in (_bool, _flag) and isinstance(value, bool):
             return value
         if kind in (int, _positive) and isinstance(value, int) and not isinstance(value, bool):
             return kind(str(value))
@@ -377,7 +393,7 @@ def load_config_file(path: str) -> dict[str, object]:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    known = {name for name, *_ in SERVE_OPTIONS} | {"ripcord"}
+    known = {name for name, *_ in SERVE_OPTIONS + SERVE_FLAGS}
     values = {}
     for key, value in table.items():
         name = key.replace("_", "-")
@@ -385,6 +401,34 @@ def load_config_file(path: str) -> dict[str, object]:
             raise ConfigError(f"{path}: {key}: not an option of bucketlog serve")
         values[name] = value
     return values
+
+
+# Options without a value: (name, _FLAG, default, help).
+SERVE_FLAGS: list[tuple[str, type | object, object, str]] = [
+    (
+        "ripcord",
+        _FLAG,
+        False,
+        "Ripcord mode: while the metadata store is unreachable, every topic's produces are"
+        " answered as a lightning topic's, and an agent can start from the cluster's"
+        " snapshot in the object store",
+    ),
+    (
+        "authorizer",
+        _FLAG,
+        False,
+        "check Kafka ACLs on every request (Kafka's authorizer.class.name set to its"
+        " StandardAuthorizer); ACLs are managed with CreateAcls, DescribeAcls and"
+        " DeleteAcls (kafka-acls)",
+    ),
+    (
+        "allow-everyone-if-no-acl-found",
+        _FLAG,
+        False,
+        "with --authorizer: a resource no ACL applies to is open to everyone"
+        " (allow.everyone.if.no.acl.found)",
+    ),
+]
 
 
 def build_parser(
@@ -403,21 +447,16 @@ def build_parser(
         help=f"a TOML file of options (the environment and the command line win over it) "
         f"[{_env_name('config')}]",
     )
-    for name, kind, default, text in SERVE_OPTIONS + [("ripcord", _bool, False, "")]:
+    for name, kind, default, text in SERVE_OPTIONS + SERVE_FLAGS:
         env_value = _env(name)
         value: object = default
         if env_value is not None:
             value = _convert(name, kind, env_value, f"environment {_env_name(name)}")
         elif name in file_values:
             value = _convert(name, kind, file_values[name], file)
-        if name == "ripcord":
+        if kind is _FLAG:
             serve.add_argument(
-                "--ripcord",
-                action="store_true",
-                default=value,
-                help="Ripcord mode: while the metadata store is unreachable, every topic's "
-                "produces are answered as a lightning topic's, and an agent can start from "
-                f"the cluster's snapshot in the object store [{_env_name(name)}]",
+                f"--{name}", action="store_true", default=value, help=f"{text} [{_env_name(name)}]"
             )
             continue
         serve.add_argument(
@@ -443,6 +482,12 @@ def parse_serve_args(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argp
         first.prog = "bucketlog serve"
         first.error(str(exc))  # exits with status 2, as for any bad option
     return parser, parser.parse_args(argv)
+
+
+def _super_users(value: str) -> frozenset[str]:
+    from broker.authorizer import parse_super_users
+
+    return parse_super_users(value)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -503,6 +548,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         offsets_retention_minutes=args.offsets_retention_minutes,
         offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
+        authorizer=args.authorizer,
+        super_users=_super_users(args.super_users or ""),
+        allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,
     )
 
 

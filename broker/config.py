@@ -108,6 +108,11 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3_000
     offsets_retention_minutes: float = 7 * 24 * 60
     offsets_retention_check_interval_ms: int = 600_000
+    # Authorization (broker.authorizer): off unless `authorizer`; then Kafka's super.users
+    # and allow.everyone.if.no.acl.found.
+    authorizer: bool = False
+    super_users: frozenset[str] = frozenset()
+    allow_everyone_if_no_acl_found: bool = False
     topic_defaults: dict[str, str] = field(default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS))
 
     def __post_init__(self) -> None:
@@ -122,6 +127,11 @@ class BrokerConfig:
             raise ValueError(
                 f"--lease-renew-ms ({self.lease_renew_ms}) must be shorter than --lease-ms"
                 f" ({self.lease_ms}): an agent would drop out between two renewals"
+            )
+        if not self.authorizer and (self.super_users or self.allow_everyone_if_no_acl_found):
+            raise ValueError(
+                "--super-users and --allow-everyone-if-no-acl-found take effect only with"
+                " --authorizer"
             )
 
     @property

@@ -27,10 +27,16 @@ MALFORMED_REQUEST = "malformed_requests"
 UNSUPPORTED_VERSION = "unsupported_versions"
 CLIENT_DISCONNECT = "client_disconnects"
 HANDLER_ERROR = "handler_errors"
+# A request refused by the authorizer (broker.access): expected, one line within the limit.
+AUTHORIZATION_DENIED = "authorization_denied"
+# An ACL request refused as invalid (an unknown code, a PREFIXED "*"): INVALID_REQUEST.
+INVALID_ACL_REQUEST = "invalid_acl_requests"
 # A request that needed the metadata store while it was unreachable: answered with a
 # retriable error.
 METADATA_UNAVAILABLE = "metadata_unavailable"
 LEVELS = {
+    AUTHORIZATION_DENIED: logging.INFO,
+    INVALID_ACL_REQUEST: logging.WARNING,
     MALFORMED_REQUEST: logging.WARNING,
     UNSUPPORTED_VERSION: logging.WARNING,
     CLIENT_DISCONNECT: logging.INFO,

@@ -64,6 +64,15 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             config.resolved_metadata_url,
             config.resolved_storage_url,
         )
+        if agent.authorizer is not None:  # loaded before any request is served
+            try:
+                await agent.reload_acls(if_changed=False)
+            except KVError as exc:  # a Ripcord start: the ACL loop loads them later
+                logger.warning(
+                    "ACLs unreadable (%s): every resource is treated as one without ACLs"
+                    " until the metadata store answers",
+                    exc,
+                )
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.pipeline.run)
             tg.start_soon(agent.journal.run)
@@ -73,6 +82,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             tg.start_soon(agent.peer_probe_loop)
             tg.start_soon(agent.watermark_loop)
             tg.start_soon(agent.transaction_timeout_loop)
+            if agent.authorizer is not None:
+                tg.start_soon(agent.acl_loop)
             tg.start_soon(agent.groups.run)
             tg.start_soon(agent.lifecycle.run)
             tg.start_soon(agent.compaction.run)

@@ -55,6 +55,11 @@ def snapshot(agent: Agent) -> dict[str, Any]:
     }
     if agent.hedge is not None:
         body["put_hedge"] = dataclasses.asdict(agent.hedge.stats)
+    if agent.authorizer is not None:  # --authorizer: the ACLs loaded, denials by resource
+        body["authorization"] = {
+            **dataclasses.asdict(agent.authorizer.stats),
+            "super_users": len(agent.authorizer.super_users),
+        }
     injected = getattr(agent.store, "injected_stats", None)
     if injected is not None:  # --inject-put-latency-ms (benchmarks): storage.injected
         body["store_injected"] = dict(injected)

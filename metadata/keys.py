@@ -7,6 +7,8 @@ too unless noted.
   (CLUSTER, "id")                                  cluster id (utf-8 bytes)
   (CLUSTER, "next_producer_id")                    next producer id to hand out (tuple (n,))
   (CLUSTER, "next_node_id")                        next broker node id to hand out (tuple (n,))
+  (CLUSTER, "acl_version")                        ACL version (little-endian int64, atomic add):
+                                                    changes with every ACL write
   (CLUSTER, "tally", name)                         a count kept by atomic adds (little-endian
                                                     int64): objects, object_bytes, chunk_entries
   (NODE, "host:port")                              (node_id,) -- an address keeps its id
@@ -60,6 +62,9 @@ too unless noted.
   (JOURNAL, sequence)                              (next n to sequence, node_id, updated_ms)
                                                     of a lightning topics' journal sequence
                                                     (metadata/journal.py)
+  (ACL, resource type, pattern type, resource     b"" -- one ACL binding, Kafka's codes
+       name, principal, host, operation,           (metadata/acls.py)
+       permission)
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
@@ -108,6 +113,8 @@ ABORTED = 32
 TXN_OFFSET = 33
 TXN_OFFSET_GROUP = 34
 JOURNAL = 40
+# 50-59: security
+ACL = 50
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:

@@ -46,6 +46,7 @@ _MODULES = (
     "init_producer_id",
     "topics_admin",
     "configs",
+    "acls",
     "cluster",
     "txn",
     "find_coordinator",

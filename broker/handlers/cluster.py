@@ -13,6 +13,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.admin import topic_name_error
 from broker.context import HandlerContext
 from broker.describe import (
@@ -103,7 +105,9 @@ async def describe_cluster(request: Any, ctx: HandlerContext) -> Any:
                 for b in brokers
             ],
             "cluster_authorized_operations": (
-                CLUSTER_OPERATIONS if include_ops else NO_AUTHORIZED_OPERATIONS
+                (access.cluster_operations(ctx) if access.enabled(ctx) else CLUSTER_OPERATIONS)
+                if include_ops
+                else NO_AUTHORIZED_OPERATIONS
             ),
         },
     )
@@ -139,7 +143,12 @@ def current_epoch_error(current_leader_epoch: int) -> ErrorCode:
 async def offset_for_leader_epoch(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     wanted: list[tuple[Any, Any, Any]] = []  # (topic name, topic or None, partition request)
+    refused: set[str] = set()  # Kafka: DESCRIBE on each topic
     for t in request.topics:
+        if not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TOPIC, t.topic):
+            refused.add(t.topic)
+            wanted.extend((t.topic, None, p) for p in t.partitions)
+            continue
         topic = await agent.topic(t.topic)
         wanted.extend((t.topic, topic, p) for p in t.partitions)
     present = [
@@ -161,7 +170,9 @@ async def offset_for_leader_epoch(request: Any, ctx: HandlerContext) -> Any:
             "end_offset": UNDEFINED_EPOCH_OFFSET,
         }
         state = None if topic is None else states.get((topic.topic_id, p.partition))
-        if state is None:
+        if name in refused:
+            answer["error_code"] = ErrorCode.topic_authorization_failed
+        elif state is None:
             answer["error_code"] = ErrorCode.unknown_topic_or_partition
         else:
             code = current_epoch_error(getattr(p, "current_leader_epoch", UNDEFINED_EPOCH))
@@ -222,6 +233,12 @@ async def describe_topic_partitions(request: Any, ctx: HandlerContext) -> Any:
                 },
             )
         known = {}
+    checked = access.enabled(ctx)
+    if checked:
+        # Kafka: topics one may not describe are left out of "all", and refused by name.
+        describable = access.filter_authorized(
+            ctx, Operation.DESCRIBE, ResourceType.TOPIC, names, log=not fetch_all
+        )
     first_partition = cursor.partition_index if cursor is not None else 0
     remaining = min(MAX_PARTITION_LIMIT, request.response_partition_limit)
     topics_out: list[dict[str, Any]] = []
@@ -232,6 +249,10 @@ async def describe_topic_partitions(request: Any, ctx: HandlerContext) -> Any:
         if remaining == 0:
             next_cursor = {"topic_name": name, "partition_index": 0}
             break
+        if checked and name not in describable:
+            if not fetch_all:
+                topics_out.append(_topic_error(name, ErrorCode.topic_authorization_failed))
+            continue
         topic = known.get(name) if fetch_all else await agent.topic(name, fresh=True)
         if topic is None:
             if not fetch_all:
@@ -252,7 +273,11 @@ async def describe_topic_partitions(request: Any, ctx: HandlerContext) -> Any:
                 "topic_id": uuid.UUID(bytes=topic.topic_id),
                 "is_internal": name in INTERNAL_TOPICS,
                 "partitions": partitions,
-                "topic_authorized_operations": TOPIC_OPERATIONS,
+                "topic_authorized_operations": (
+                    access.authorized_operations(ctx, ResourceType.TOPIC, name)
+                    if checked
+                    else TOPIC_OPERATIONS
+                ),
             }
         )
         if end < topic.partitions:

@@ -17,6 +17,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.admin import topic_name_error
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
@@ -45,6 +47,17 @@ BROKER_LOGGER = 8
 # AlterConfigOp.OpType
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {SET: "SET", DELETE: "DELETE", APPEND: "APPEND", SUBTRACT: "SUBTRACT"}
+
+
+def _refused(ctx: HandlerContext, operation: Operation, rtype: int, name: str) -> ErrorCode | None:
+    """Kafka's check of DESCRIBE_CONFIGS or ALTER_CONFIGS: on the topic, or on the cluster
+    for a broker's configs; the error to answer, or None."""
+    if rtype == TOPIC:
+        if not access.authorize(ctx, operation, ResourceType.TOPIC, name):
+            return ErrorCode.topic_authorization_failed
+    elif rtype in (BROKER, BROKER_LOGGER) and not access.authorize_cluster(ctx, operation):
+        return ErrorCode.cluster_authorization_failed
+    return None
 
 
 def broker_config_entries(
@@ -166,7 +179,10 @@ async def describe_configs(request: Any, ctx: HandlerContext) -> Any:
             "resource_name": name,
             "configs": [],
         }
-        if rtype == TOPIC:
+        refused = _refused(ctx, Operation.DESCRIBE_CONFIGS, rtype, name)
+        if refused is not None:
+            result.update(error_code=refused)
+        elif rtype == TOPIC:
             reason = topic_name_error(name)
             topic = None if reason else await agent.topic(name, fresh=True)
             if reason:
@@ -337,6 +353,12 @@ async def alter_configs(request: Any, ctx: HandlerContext) -> Any:
         if problem:
             answers.append(_resource_answer(resource, ErrorCode.invalid_request, problem))
             continue
+        refused = _refused(
+            ctx, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
+        )
+        if refused is not None:
+            answers.append(_resource_answer(resource, refused))
+            continue
         early = _non_topic_answer(agent, resource, [c.name for c in resource.configs])
         if early is not None:
             answers.append(early)
@@ -395,6 +417,12 @@ async def incremental_alter_configs(request: Any, ctx: HandlerContext) -> Any:
         problem = _precheck(resource, duplicates, incremental=True)
         if problem:
             answers.append(_resource_answer(resource, ErrorCode.invalid_request, problem))
+            continue
+        refused = _refused(
+            ctx, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
+        )
+        if refused is not None:
+            answers.append(_resource_answer(resource, refused))
             continue
         changed = [c.name for c in resource.configs if c.config_operation != DELETE]
         early = _non_topic_answer(agent, resource, changed)

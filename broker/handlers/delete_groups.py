@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
@@ -19,6 +23,11 @@ API_KEY = 42
 async def handle(request: Any, ctx: HandlerContext) -> Any:
     results = []
     for group_id in dict.fromkeys(request.groups_names):
+        if not access.authorize(ctx, Operation.DELETE, ResourceType.GROUP, group_id):
+            results.append(
+                {"group_id": group_id, "error_code": ErrorCode.group_authorization_failed}
+            )
+            continue
         error = await ctx.agent.groups.delete_group(group_id)
         results.append({"group_id": group_id, "error_code": error})
     return build(response_class(request), {"throttle_time": 0, "results": results})

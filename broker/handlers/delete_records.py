@@ -19,6 +19,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.agent import now_ms
 from broker.context import HandlerContext
 from broker.entities import build
@@ -35,6 +37,14 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     answers = []
     for wanted in request.topics:
+        if not access.authorize(ctx, Operation.DELETE, ResourceType.TOPIC, wanted.name):
+            code = ErrorCode.topic_authorization_failed
+            partitions = [
+                {"partition_index": p.partition_index, "low_watermark": -1, "error_code": code}
+                for p in wanted.partitions
+            ]
+            answers.append({"name": wanted.name, "partitions": partitions})
+            continue
         topic = await agent.topic(wanted.name)
         deletable = topic is not None and "delete" in cleanup_policies(
             agent.topic_config(topic, "cleanup.policy")

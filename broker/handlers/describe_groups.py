@@ -10,6 +10,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
@@ -25,7 +27,23 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     include_ops = getattr(request, "include_authorized_operations", False)
     described = []
     for group_id in request.groups:
+        if not access.authorize(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            described.append(
+                {
+                    "error_code": ErrorCode.group_authorization_failed,
+                    "group_id": group_id,
+                    "group_state": "",
+                    "protocol_type": "",
+                    "protocol_data": "",
+                    "members": [],
+                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                }
+            )
+            continue
         d = await ctx.agent.groups.describe(group_id)
+        operations = GROUP_OPERATIONS
+        if access.enabled(ctx):
+            operations = access.authorized_operations(ctx, ResourceType.GROUP, group_id)
         described.append(
             {
                 "error_code": d.error,
@@ -44,7 +62,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                     }
                     for m in d.members
                 ],
-                "authorized_operations": GROUP_OPERATIONS
+                "authorized_operations": operations
                 if include_ops and d.error == ErrorCode.none
                 else AUTHORIZED_OPERATIONS_OMITTED,
             }

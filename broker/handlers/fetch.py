@@ -36,6 +36,8 @@ from typing import Any
 import anyio
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import AgentServices, HandlerContext
 from broker.costs import charge
 from broker.entities import build, ms
@@ -113,7 +115,9 @@ class _Plan:
 # -- plan ---------------------------------------------------------------------------------
 
 
-async def _plan(request: Any, agent: AgentServices, version: int) -> _Plan:
+async def _plan(request: Any, ctx: HandlerContext, version: int) -> _Plan:
+    agent = ctx.agent
+    checked = agent.authorizer is not None  # with authorization off, nothing more is paid
     topics: list[tuple[Any, list[_Partition]]] = []
     for fetch_topic in request.topics:
         topic: topics_layer.Topic | None
@@ -124,10 +128,18 @@ async def _plan(request: Any, agent: AgentServices, version: int) -> _Plan:
         else:
             topic = await agent.topic(fetch_topic.topic)
             missing, ref = ErrorCode.unknown_topic_or_partition, fetch_topic.topic
+        refused = False
+        if checked and (topic is not None or version < 13):
+            # Checked before existence, as Kafka: a topic one may not read is not revealed.
+            name = topic.name if topic is not None else fetch_topic.topic
+            refused = not access.authorize(ctx, Operation.READ, ResourceType.TOPIC, name)
         parts = []
         for fp in fetch_topic.partitions:
             p = _Partition(fp.partition, fp.fetch_offset, fp.partition_max_bytes, topic, missing)
-            if topic is None:
+            if refused:
+                p.error = ErrorCode.topic_authorization_failed
+                p.topic = None
+            elif topic is None:
                 p.error = missing
             elif not 0 <= fp.partition < topic.partitions:
                 p.error = ErrorCode.unknown_topic_or_partition
@@ -141,7 +153,10 @@ async def _plan(request: Any, agent: AgentServices, version: int) -> _Plan:
 
 
 def _read_states(
-    agent: AgentServices, partitions: Sequence[_Partition], read_committed: bool, abort_marker_limit: int
+    agent: AgentServices,
+    partitions: Sequence[_Partition],
+    read_committed: bool,
+    abort_marker_limit: int,
 ) -> Any:
     """The metadata read: each partition's state, entries and aborted transactions; None
     when a partition has more than abort_marker_limit abort markers (0: no limit)."""
@@ -360,7 +375,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 "responses": [],
             },
         )
-    plan = await _plan(request, agent, version)
+    plan = await _plan(request, ctx, version)
     partitions = plan.partitions
     min_bytes = max(int(request.min_bytes), 0)
     max_bytes = int(getattr(request, "max_bytes", 2**31 - 1))

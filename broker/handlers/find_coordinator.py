@@ -13,6 +13,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.groups.placement import GROUP, TRANSACTION
@@ -52,9 +54,35 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             response_class(request),
             {
                 "throttle_time": 0,
-                "coordinators": [_answer(agent, key_type, k) for k in request.coordinator_keys],
+                "coordinators": [
+                    _refusal(ctx, key_type, k) or _answer(agent, key_type, k)
+                    for k in request.coordinator_keys
+                ],
             },
         )
-    answer = _answer(agent, key_type, request.key)
+    answer = _refusal(ctx, key_type, request.key) or _answer(agent, key_type, request.key)
     answer["throttle_time"] = 0
     return build(response_class(request), answer)
+
+
+def _refusal(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any] | None:
+    """Kafka's check: DESCRIBE on the group or transactional id; the answer if refused."""
+    if key_type == GROUP:
+        resource, code = ResourceType.GROUP, ErrorCode.group_authorization_failed
+    elif key_type == TRANSACTION:
+        resource, code = (
+            ResourceType.TRANSACTIONAL_ID,
+            ErrorCode.transactional_id_authorization_failed,
+        )
+    else:
+        return None
+    if access.authorize(ctx, Operation.DESCRIBE, resource, key):
+        return None
+    return {
+        "key": key,
+        "error_code": code,
+        "error_message": None,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+    }

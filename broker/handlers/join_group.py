@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build, ms
 from broker.groups.coordinator import JoinRequest
 from broker.handlers import api, response_class
+from broker.handlers.errors import error_response
 
 API_KEY = 11
 
@@ -25,6 +30,8 @@ def client_host(peer: str) -> str:
 
 @api(API_KEY, 0, 9)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
+    if not access.authorize(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        return error_response(request, ErrorCode.group_authorization_failed)
     version = ctx.api_version
     session_ms = ms(request.session_timeout)
     rebalance_ms = ms(request.rebalance_timeout) if version >= 1 else session_ms

@@ -10,15 +10,20 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.handlers.errors import error_response
 
 API_KEY = 13
 
 
 @api(API_KEY, 0, 5)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
+    if not access.authorize(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        return error_response(request, ErrorCode.group_authorization_failed)
     if ctx.api_version < 3:
         members = [(request.member_id, None)]
     else:

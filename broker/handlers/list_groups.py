@@ -11,6 +11,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
@@ -27,6 +29,12 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         for g in await ctx.agent.groups.list_groups()
         if (not states or g.state.lower() in states) and (not types or g.group_type in types)
     ]
+    # Kafka: every group with DESCRIBE on the cluster, else those one may describe.
+    if access.enabled(ctx) and not access.authorize_cluster(ctx, Operation.DESCRIBE, log=False):
+        describable = access.filter_authorized(
+            ctx, Operation.DESCRIBE, ResourceType.GROUP, [g.group_id for g in groups], log=False
+        )
+        groups = [g for g in groups if g.group_id in describable]
     return build(
         response_class(request),
         {

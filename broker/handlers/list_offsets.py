@@ -6,6 +6,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
@@ -28,7 +30,12 @@ MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATE
 
 
 async def _answer(
-    agent: AgentServices, topic: Any, partition: int, timestamp: int, read_committed: bool, version: int
+    agent: AgentServices,
+    topic: Any,
+    partition: int,
+    timestamp: int,
+    read_committed: bool,
+    version: int,
 ) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "partition_index": partition,
@@ -89,6 +96,20 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     read_committed = getattr(request, "isolation_level", 0) == 1
     topics_out = []
     for t in request.topics:
+        if not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TOPIC, t.name):
+            parts = [
+                {
+                    "partition_index": p.partition_index,
+                    "error_code": ErrorCode.topic_authorization_failed,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                    "old_style_offsets": [],
+                }
+                for p in t.partitions
+            ]
+            topics_out.append({"name": t.name, "partitions": parts})
+            continue
         topic = await agent.topic(t.name)
         parts = [
             await _answer(

@@ -1,4 +1,9 @@
-"""Metadata: live agents as brokers, topics with a leader per partition, auto-creation."""
+"""Metadata: live agents as brokers, topics with a leader per partition, auto-creation.
+
+With authorization on, as Kafka: all topics lists only those the principal may DESCRIBE;
+a topic named and not describable is TOPIC_AUTHORIZATION_FAILED (whether it exists or
+not), and auto-creation needs CREATE on the cluster or the topic (else the same error).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.admin import create_topic, topic_name_error
 from broker.context import AgentServices, HandlerContext
 from broker.describe import (
@@ -87,16 +94,32 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     allow_auto = (
         getattr(request, "allow_auto_topic_creation", True) and agent.config.auto_create_topics
     )
-    topic_ops = (
-        ALL_TOPIC_OPERATIONS
-        if getattr(request, "include_topic_authorized_operations", False)
-        else NO_AUTHORIZED_OPERATIONS
-    )
+    checked = access.enabled(ctx)
+    with_topic_ops = getattr(request, "include_topic_authorized_operations", False)
+    topic_ops = ALL_TOPIC_OPERATIONS if with_topic_ops else NO_AUTHORIZED_OPERATIONS
     cluster_ops = (
-        ALL_CLUSTER_OPERATIONS
+        access.cluster_operations(ctx)
         if getattr(request, "include_cluster_authorized_operations", False)
         else NO_AUTHORIZED_OPERATIONS
     )
+
+    def entry(topic: topics_layer.Topic) -> dict[str, Any]:
+        if checked and with_topic_ops:
+            return topic_entry(
+                agent, topic, access.authorized_operations(ctx, ResourceType.TOPIC, topic.name)
+            )
+        return topic_entry(agent, topic, topic_ops)
+
+    def refused(name: str) -> bool:
+        return checked and not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)
+
+    def may_create(name: str) -> bool:
+        return (
+            not checked
+            or access.authorize_cluster(ctx, Operation.CREATE, log=False)
+            or access.authorize(ctx, Operation.CREATE, ResourceType.TOPIC, name)
+        )
+
     requested = request.topics
     if version == 0 and requested is not None and len(requested) == 0:
         requested = None  # v0: an empty list means all topics
@@ -105,24 +128,38 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     entries: list[dict[str, Any]] = []
     if requested is None:
         all_topics = await agent.all_topics()
-        entries = [topic_entry(agent, t, topic_ops) for t in all_topics]
+        if checked:  # only those the principal may describe, silently
+            describable = access.filter_authorized(
+                ctx, Operation.DESCRIBE, ResourceType.TOPIC, [t.name for t in all_topics], log=False
+            )
+            all_topics = [t for t in all_topics if t.name in describable]
+        entries = [entry(t) for t in all_topics]
     else:
         for wanted in requested:
             name = getattr(wanted, "name", None)
             topic_id = getattr(wanted, "topic_id", None)
             if name is None and topic_id is not None and topic_id != ZERO_UUID:
                 topic = await agent.topic_by_id(topic_id.bytes)
-                entries.append(
-                    topic_entry(agent, topic, topic_ops)
-                    if topic is not None
-                    else error_topic(None, ErrorCode.unknown_topic_id, topic_id)
-                )
+                if topic is None:
+                    entries.append(error_topic(None, ErrorCode.unknown_topic_id, topic_id))
+                elif refused(topic.name):
+                    entries.append(
+                        error_topic(None, ErrorCode.topic_authorization_failed, topic_id)
+                    )
+                else:
+                    entries.append(entry(topic))
                 continue
             if name is None:
                 entries.append(error_topic(None, ErrorCode.invalid_request))
                 continue
+            if refused(name):
+                entries.append(error_topic(name, ErrorCode.topic_authorization_failed))
+                continue
             topic = await agent.topic(name)
-            if topic is None and allow_auto:
+            if topic is None and allow_auto and topic_name_error(name) is None:
+                if not may_create(name):
+                    entries.append(error_topic(name, ErrorCode.topic_authorization_failed))
+                    continue
                 try:
                     topic = await create_topic(agent, name, agent.config.default_partitions)
                 except MetadataError as exc:
@@ -140,7 +177,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 )
                 entries.append(error_topic(name, code))
             else:
-                entries.append(topic_entry(agent, topic, topic_ops))
+                entries.append(entry(topic))
     return build(
         response_class(request),
         {

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build, ms
 from broker.groups.coordinator import PartitionCommit
@@ -24,26 +28,51 @@ API_KEY = 8
 @api(API_KEY, 2, 9)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
     retention = getattr(request, "retention_time", None)
-    errors = await ctx.agent.groups.commit_offsets(
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    if not access.authorize(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        code = ErrorCode.group_authorization_failed
+        errors = {(t.name, p.partition_index): code for t in request.topics for p in t.partitions}
+        return _answer(request, errors)
+    readable = access.filter_authorized(
+        ctx, Operation.READ, ResourceType.TOPIC, {t.name for t in request.topics}
+    )
+    for t in request.topics:
+        if t.name not in readable:
+            for p in t.partitions:
+                errors[(t.name, p.partition_index)] = ErrorCode.topic_authorization_failed
+    commits = [
+        PartitionCommit(
+            t.name,
+            p.partition_index,
+            p.committed_offset,
+            getattr(p, "committed_leader_epoch", -1),
+            p.committed_metadata,
+        )
+        for t in request.topics
+        if t.name in readable
+        for p in t.partitions
+    ]
+    if commits or not access.enabled(ctx):
+        errors.update(await _commit(request, ctx, commits, retention))
+    return _answer(request, errors)
+
+
+async def _commit(
+    request: Any, ctx: HandlerContext, commits: list[PartitionCommit], retention: Any
+) -> dict[tuple[str, int], ErrorCode]:
+    return await ctx.agent.groups.commit_offsets(
         request.group_id,
         request.generation_id_or_member_epoch,
         request.member_id,
         getattr(request, "group_instance_id", None),
-        [
-            PartitionCommit(
-                t.name,
-                p.partition_index,
-                p.committed_offset,
-                getattr(p, "committed_leader_epoch", -1),
-                p.committed_metadata,
-            )
-            for t in request.topics
-            for p in t.partitions
-        ],
+        commits,
         resolve_topic=ctx.agent.topic,
         retention_ms=-1 if retention is None else ms(retention),
         api_version=ctx.api_version,
     )
+
+
+def _answer(request: Any, errors: dict[tuple[str, int], ErrorCode]) -> Any:
     return build(
         response_class(request),
         {

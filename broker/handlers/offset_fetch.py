@@ -14,7 +14,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker.context import AgentServices, HandlerContext
+from broker import access
+from broker.access import Operation, ResourceType
+from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
 
@@ -45,12 +47,26 @@ def _stability(topic: str, partition: int, unstable: set[tuple[str, int]]) -> Er
 
 
 async def _fetch_group(
-    agent: AgentServices, group_id: str, topics: Any, *, require_stable: bool, error_on_partitions: bool
+    ctx: HandlerContext,
+    group_id: str,
+    topics: Any,
+    *,
+    require_stable: bool,
+    error_on_partitions: bool,
 ) -> dict[str, Any]:
+    agent = ctx.agent
     wanted = None if topics is None else {t.name: list(t.partition_indexes) for t in topics}
-    error, offsets, unstable = await agent.groups.fetch_offsets(
-        group_id, wanted, require_stable=require_stable
-    )
+    # Kafka: DESCRIBE on the group, then on each topic (topics one may not describe are
+    # left out of "all", and TOPIC_AUTHORIZATION_FAILED when named).
+    checked = access.enabled(ctx)
+    offsets: dict[tuple[str, int], Any]
+    unstable: set[tuple[str, int]]
+    if checked and not access.authorize(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
+        error, offsets, unstable = ErrorCode.group_authorization_failed, {}, set()
+    else:
+        error, offsets, unstable = await agent.groups.fetch_offsets(
+            group_id, wanted, require_stable=require_stable
+        )
     if error != ErrorCode.none:
         if not error_on_partitions or topics is None:
             return {"group_id": group_id, "error_code": error, "topics": []}
@@ -67,9 +83,21 @@ async def _fetch_group(
         }
     for key in unstable:
         offsets.pop(key, None)
+    names = {t for t, _p in offsets} | {t for t, _p in unstable}
+    if topics is not None:
+        names = {t.name for t in topics}
+    describable = (
+        access.filter_authorized(
+            ctx, Operation.DESCRIBE, ResourceType.TOPIC, names, log=topics is not None
+        )
+        if checked
+        else names
+    )
     if topics is None:
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for topic, partition in sorted({*offsets, *unstable}):
+            if topic not in describable:
+                continue
             by_topic.setdefault(topic, []).append(
                 _partition(
                     partition,
@@ -84,6 +112,8 @@ async def _fetch_group(
                 "name": t.name,
                 "partitions": [
                     _partition(p, offsets.get((t.name, p)), _stability(t.name, p, unstable))
+                    if t.name in describable
+                    else _partition(p, None, ErrorCode.topic_authorization_failed)
                     for p in t.partition_indexes
                 ],
             }
@@ -94,11 +124,10 @@ async def _fetch_group(
 
 @api(API_KEY, 1, 9)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
-    agent = ctx.agent
     if ctx.api_version >= 8:
         groups = [
             await _fetch_group(
-                agent,
+                ctx,
                 g.group_id,
                 g.topics,
                 require_stable=request.require_stable,
@@ -108,7 +137,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         ]
         return build(response_class(request), {"throttle_time": 0, "groups": groups})
     group = await _fetch_group(
-        agent,
+        ctx,
         request.group_id,
         request.topics,
         require_stable=getattr(request, "require_stable", False),

@@ -26,6 +26,8 @@ from typing import Any
 import anyio
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
@@ -34,6 +36,7 @@ from broker.sync import Promise
 from broker.topic_configs import LIGHTNING, TOPIC_TYPE, cleanup_policies
 from metadata.log import AppendResult
 from protocol.records import (
+    HEADER_SIZE,
     LOG_APPEND_TIME,
     RecordBatchError,
     RecordBatchView,
@@ -112,6 +115,17 @@ def _invalid_timestamp(index: int, record_count: int) -> dict[str, Any]:
     return answer
 
 
+def _looks_transactional(records: bytes | memoryview | None) -> bool:
+    """Whether a partition's (unvalidated) records start with a transactional v2 batch:
+    Kafka checks the transactional id of such a request before its topics."""
+    return (
+        records is not None
+        and len(records) >= HEADER_SIZE
+        and records[16] == 2
+        and RecordBatchView(records).is_transactional
+    )
+
+
 def commit_deadline(acks: int, timeout_ms: int, now: float) -> float | None:
     """When an acks=all request's batches must have been committed (time.monotonic()):
     Kafka answers REQUEST_TIMED_OUT once its timeout passes without them replicated, and
@@ -140,8 +154,19 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     # This request holds its connection's turn until its batches are queued: a producer's
     # pipelined requests reach the log in the order it sent them.
     promises: list[tuple[tuple[str, int], Promise[AppendResult], float | None]] = []
+    authorizing = agent.authorizer is not None  # with authorization off, nothing more is paid
+    refused_transactional = False  # a transactional batch for a topic refused above
     for topic_data in request.topic_data:
         name = topic_data.name
+        if authorizing and not access.authorize(ctx, Operation.WRITE, ResourceType.TOPIC, name):
+            # Before existence, as Kafka: a topic one may not write to is not revealed.
+            for pdata in topic_data.partition_data:
+                refused_transactional |= _looks_transactional(pdata.records)
+                order.append((name, pdata.index))
+                answers[(name, pdata.index)] = _partition_answer(
+                    pdata.index, AppendResult(ErrorCode.topic_authorization_failed)
+                )
+            continue
         topic = await agent.topic(name)
         max_bytes, log_append_time, compacted, lightning = 0, False, False, False
         if topic is not None:
@@ -183,7 +208,15 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
 
     # Kafka answers bad partitions first, and then judges what is left as a whole.
     transactional = any(view.is_transactional for *_rest, view, _stamp, _kind in queued)
-    if transactional and request.transactional_id is None:
+    if (transactional or refused_transactional) and (
+        request.transactional_id is None
+        or (
+            authorizing
+            and not access.authorize(
+                ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id
+            )
+        )
+    ):
         code = ErrorCode.transactional_id_authorization_failed
         for key in order:
             answers[key] = _partition_answer(key[1], AppendResult(code))

@@ -10,17 +10,22 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.groups.classic import SyncResult
 from broker.groups.coordinator import SyncRequest
 from broker.handlers import api, response_class
+from broker.handlers.errors import error_response
 
 API_KEY = 14
 
 
 @api(API_KEY, 0, 5)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
+    if not access.authorize(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        return error_response(request, ErrorCode.group_authorization_failed)
     protocol_type = getattr(request, "protocol_type", None)
     protocol_name = getattr(request, "protocol_name", None)
     if ctx.api_version >= 5 and (protocol_type is None or protocol_name is None):

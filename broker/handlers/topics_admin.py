@@ -16,6 +16,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import access
+from broker.access import Operation, ResourceType
 from broker.admin import create_topic, topic_name_error
 from broker.agent import now_ms
 from broker.context import AgentServices, HandlerContext
@@ -191,6 +193,16 @@ async def create_topics(request: Any, ctx: HandlerContext) -> Any:
     counts = Counter(t.name for t in request.topics)
     answered_duplicates: set[str] = set()
     results = []
+    # Kafka: CREATE on the cluster, or on each topic; its configs are answered only with
+    # DESCRIBE_CONFIGS on it.
+    names = {t.name for t in request.topics}
+    creatable, describable = names, names
+    if access.enabled(ctx):
+        if not access.authorize_cluster(ctx, Operation.CREATE, log=False):
+            creatable = access.filter_authorized(ctx, Operation.CREATE, ResourceType.TOPIC, names)
+        describable = access.filter_authorized(
+            ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, names, log=False
+        )
     for wanted in request.topics:
         if counts[wanted.name] > 1:
             if wanted.name not in answered_duplicates:
@@ -199,10 +211,26 @@ async def create_topics(request: Any, ctx: HandlerContext) -> Any:
                     _create_error(wanted.name, ErrorCode.invalid_request, "Duplicate topic name.")
                 )
             continue
+        if wanted.name not in creatable:
+            results.append(
+                _create_error(
+                    wanted.name, ErrorCode.topic_authorization_failed, "Authorization failed."
+                )
+            )
+            continue
         try:
-            results.append(await _create_one(agent, wanted, live_ids, validate_only))
+            created = await _create_one(agent, wanted, live_ids, validate_only)
         except MetadataError as exc:
             results.append(_create_error(wanted.name, exc.error_code, exc.message or None))
+            continue
+        if wanted.name not in describable:
+            created.update(
+                topic_config_error_code=ErrorCode.topic_authorization_failed,
+                num_partitions=-1,
+                replication_factor=-1,
+                configs=None,
+            )
+        results.append(created)
     return build(response_class(request), {"throttle_time": 0, "topics": results})
 
 
@@ -233,8 +261,27 @@ async def _delete_by_name(agent: AgentServices, name: str) -> dict[str, Any]:
     return _deleted(name, uuid.UUID(bytes=topic_id), ErrorCode.none, None)
 
 
-async def _delete_by_id(agent: AgentServices, topic_id: uuid.UUID) -> dict[str, Any]:
+async def _delete_by_id(ctx: HandlerContext, topic_id: uuid.UUID) -> dict[str, Any]:
+    agent = ctx.agent
     now = now_ms()
+    if access.enabled(ctx):
+        # Kafka: a topic one may not describe is not revealed; DELETE to delete it.
+        known = await agent.topic_by_id(topic_id.bytes)
+        if known is not None:
+            if not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TOPIC, known.name):
+                return _deleted(
+                    None,
+                    topic_id,
+                    ErrorCode.unknown_topic_id,
+                    "This server does not host this topic ID.",
+                )
+            if not access.authorize(ctx, Operation.DELETE, ResourceType.TOPIC, known.name):
+                return _deleted(
+                    known.name,
+                    topic_id,
+                    ErrorCode.topic_authorization_failed,
+                    "Authorization failed.",
+                )
 
     def txn(tr: Any) -> str:
         topic = topics_layer.get_topic_by_id(tr, agent.sub, topic_id.bytes)
@@ -293,10 +340,17 @@ async def delete_topics(request: Any, ctx: HandlerContext) -> Any:
                 )
             continue
         if name is not None:
+            if not access.authorize(ctx, Operation.DELETE, ResourceType.TOPIC, name):
+                results.append(
+                    _deleted(
+                        name, None, ErrorCode.topic_authorization_failed, "Authorization failed."
+                    )
+                )
+                continue
             results.append(await _delete_by_name(agent, name))
         else:
             assert topic_id is not None
-            results.append(await _delete_by_id(agent, topic_id))
+            results.append(await _delete_by_id(ctx, topic_id))
     return build(response_class(request), {"throttle_time": 0, "responses": results})
 
 
@@ -367,6 +421,10 @@ async def create_partitions(request: Any, ctx: HandlerContext) -> Any:
                 )
             continue
         code, message = ErrorCode.none, None
+        if not access.authorize(ctx, Operation.ALTER, ResourceType.TOPIC, wanted.name):
+            code, message = ErrorCode.topic_authorization_failed, "Authorization failed."
+            results.append({"name": wanted.name, "error_code": code, "error_message": message})
+            continue
         try:
             await _add_partitions(agent, wanted, live_ids, validate_only)
         except MetadataError as exc:

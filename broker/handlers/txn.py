@@ -15,7 +15,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from broker import faults
+from broker import access, faults
+from broker.access import Operation, ResourceType
 from broker.agent import now_ms
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
@@ -49,7 +50,16 @@ async def add_partitions_to_txn(request: Any, ctx: HandlerContext) -> Any:
     wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
     errors: dict[tuple[str, int], ErrorCode] = {}
     resolved: list[tuple[bytes, int]] = []
+    if not access.authorize(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
+        errors = dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed)
+        return _added(request, wanted, errors)
+    writable = access.filter_authorized(
+        ctx, Operation.WRITE, ResourceType.TOPIC, {name for name, _p in wanted}
+    )
     for name, p in wanted:
+        if name not in writable:
+            errors[(name, p)] = ErrorCode.topic_authorization_failed
+            continue
         topic = await agent.topic(name)
         if topic is None or not 0 <= p < topic.partitions:
             errors[(name, p)] = ErrorCode.unknown_topic_or_partition
@@ -73,6 +83,12 @@ async def add_partitions_to_txn(request: Any, ctx: HandlerContext) -> Any:
         except MetadataError as exc:
             code = _for_version(exc.error_code, ctx.api_version)
         errors = {key: code for key in wanted}
+    return _added(request, wanted, errors)
+
+
+def _added(
+    request: Any, wanted: list[tuple[str, int]], errors: dict[tuple[str, int], ErrorCode]
+) -> Any:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for name, p in wanted:
         by_topic.setdefault(name, []).append(
@@ -100,6 +116,14 @@ def _for_version(code: ErrorCode, version: int) -> ErrorCode:
 async def add_offsets_to_txn(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     now = now_ms()
+    if not access.authorize(
+        ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id
+    ):
+        code = ErrorCode.transactional_id_authorization_failed
+        return build(response_class(request), {"throttle_time": 0, "error_code": code})
+    if not access.authorize(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        code = ErrorCode.group_authorization_failed
+        return build(response_class(request), {"throttle_time": 0, "error_code": code})
     try:
         await agent.kv.transact(
             lambda tr: txns.add_group(
@@ -120,6 +144,11 @@ async def add_offsets_to_txn(request: Any, ctx: HandlerContext) -> Any:
 
 @api(END_TXN, 0, 3)
 async def end_txn(request: Any, ctx: HandlerContext) -> Any:
+    if not access.authorize(
+        ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id
+    ):
+        code = ErrorCode.transactional_id_authorization_failed
+        return build(response_class(request), {"throttle_time": 0, "error_code": code})
     if request.committed and faults.misbehave(END_COMMIT_REFUSED):
         logger.warning(
             "fault point %s (test-only): EndTxn(commit) of %r refused, the transaction left open",
@@ -149,6 +178,22 @@ async def txn_offset_commit(request: Any, ctx: HandlerContext) -> Any:
     tid, group = request.transactional_id, request.group_id
     generation = int(getattr(request, "generation_id", -1))
     wanted = [(t.name, p) for t in request.topics for p in t.partitions]
+    refused: ErrorCode | None = None
+    if not access.authorize(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
+        refused = ErrorCode.transactional_id_authorization_failed
+    elif not access.authorize(ctx, Operation.READ, ResourceType.GROUP, group):
+        refused = ErrorCode.group_authorization_failed
+    if refused is not None:
+        return _offsets_answer(request, {(n, p.partition_index): refused for n, p in wanted})
+    readable = access.filter_authorized(
+        ctx, Operation.READ, ResourceType.TOPIC, {n for n, _p in wanted}
+    )
+    unreadable = {
+        (n, p.partition_index): ErrorCode.topic_authorization_failed
+        for n, p in wanted
+        if n not in readable
+    }
+    wanted = [(n, p) for n, p in wanted if n in readable]
 
     def txn(tr: Any) -> ErrorCode:
         current = txns.get_txn(tr, agent.sub, tid)
@@ -190,6 +235,10 @@ async def txn_offset_commit(request: Any, ctx: HandlerContext) -> Any:
         except MetadataError as exc:
             code = _for_version(exc.error_code, ctx.api_version)
         codes = {(n, p.partition_index): code for n, p in wanted}
+    return _offsets_answer(request, {**unreadable, **codes})
+
+
+def _offsets_answer(request: Any, codes: dict[tuple[str, int], ErrorCode]) -> Any:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index), code in codes.items():
         by_topic.setdefault(name, []).append({"partition_index": index, "error_code": code})
@@ -223,6 +272,20 @@ async def describe_transactions(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     states = []
     for tid in request.transactional_ids:
+        if not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid):
+            states.append(
+                {
+                    "error_code": ErrorCode.transactional_id_authorization_failed,
+                    "transactional_id": tid,
+                    "transaction_state": "",
+                    "transaction_timeout": 0,
+                    "transaction_start_time": -1,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                    "topics": [],
+                }
+            )
+            continue
         txn = await agent.kv.read(partial(txns.get_txn, sub=agent.sub, transactional_id=tid))
         if txn is None:
             states.append(
@@ -239,6 +302,11 @@ async def describe_transactions(request: Any, ctx: HandlerContext) -> Any:
             )
             continue
         names = await _topic_names(agent, txn.partitions)
+        if access.enabled(ctx):  # Kafka lists only the topics one may describe
+            shown = access.filter_authorized(
+                ctx, Operation.DESCRIBE, ResourceType.TOPIC, names, log=False
+            )
+            names = {n: ps for n, ps in names.items() if n in shown}
         states.append(
             {
                 "error_code": ErrorCode.none,
@@ -271,6 +339,10 @@ async def list_transactions(request: Any, ctx: HandlerContext) -> Any:
             continue
         if duration >= 0 and (txn.started_ms < 0 or now - txn.started_ms < duration):
             continue
+        if not access.authorize(
+            ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, txn.transactional_id, log=False
+        ):
+            continue
         listed.append(
             {
                 "transactional_id": txn.transactional_id,
@@ -296,7 +368,17 @@ async def describe_producers(request: Any, ctx: HandlerContext) -> Any:
     for t in request.topics:
         topic = await agent.topic(t.name)
         parts = []
+        readable = access.authorize(ctx, Operation.READ, ResourceType.TOPIC, t.name)
         for p in t.partition_indexes:
+            if not readable:
+                parts.append(
+                    {
+                        "partition_index": p,
+                        "error_code": ErrorCode.topic_authorization_failed,
+                        "active_producers": [],
+                    }
+                )
+                continue
             if topic is None or not 0 <= p < topic.partitions:
                 parts.append(
                     {
