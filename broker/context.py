@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from broker.authentication import Authentication, ConnectionAuth
     from broker.config import BrokerConfig
     from broker.eventlog import EventLog
     from broker.groups import GroupCoordinator
@@ -92,6 +93,8 @@ class AgentServices(Protocol):
     @property
     def events(self) -> EventLog: ...
     @property
+    def auth(self) -> Authentication: ...
+    @property
     def request_memory(self) -> RequestMemory: ...
 
     # Topics, as cached for a moment.
@@ -125,6 +128,15 @@ class HandlerContext(Protocol):
     def client_id(self) -> str | None: ...
     @property
     def peer(self) -> str: ...
+    @property
+    def listener(self) -> str:
+        """The name of the listener the request came in on (its security protocol)."""
+        ...
+
+    @property
+    def session(self) -> ConnectionAuth | None:
+        """The connection's authentication (None where no connection is, in tests)."""
+        ...
 
     def end_turn(self) -> None:
         """This request has taken effect: the connection's next request may start."""

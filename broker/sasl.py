@@ -10,8 +10,8 @@ Rules:
   answer does not tell which user names exist.
 - SCRAM: the GS2 header is `n,,` or `y,,` (no channel binding: `p=` is refused), an
   authorization id must be the user name itself, as Kafka wants; the client's nonce is
-  extended by the server's, and the final message must carry both and the GS2 header
-  again; the proof is checked against the stored key, then the server signature sent.
+  extended by the server's, and the final message must end with both (Kafka's check) and
+  carry the GS2 header again; the proof is checked against the stored key, then the server signature sent.
   Kafka's delegation tokens (the `tokenauth` extension) are not supported.
 - The credentials are the server's view of a password (salt, iterations, stored key,
   server key): what metadata.scram keeps. The salted password itself is never kept.
@@ -216,7 +216,9 @@ class ScramServer:
             raise AuthenticationFailed("Invalid SCRAM client final message: bad base64") from None
         if binding != self._gs2:
             raise AuthenticationFailed("Invalid SCRAM client final message: channel binding")
-        if attrs.get("r") != self._nonce:
+        # Must end with the combined nonce, as Kafka checks: librdkafka before 2.x sends
+        # its own nonce again in front. The server's fresh nonce is still in the proof.
+        if not attrs.get("r", "").endswith(self._nonce):
             raise AuthenticationFailed("Invalid client nonce in the final client message.")
         auth_message = ",".join(
             (self._client_first_bare, self._server_first, without_proof)

@@ -1,4 +1,4 @@
-"""The agent's server: its listener, its background loops and its lifetime.
+"""The agent's server: its listeners, its background loops and its lifetime.
 
 Each accepted connection is served by `broker.connection.handle_connection`. Every
 background loop belongs to the agent's root task group and stops with it, on
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -20,6 +21,7 @@ from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.connection import handle_connection
 from broker.handlers import load_all
+from broker.listeners import format_listeners
 from metadata.kv import KVError
 
 logger = logging.getLogger(__name__)
@@ -50,19 +52,20 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                     " no Ripcord snapshot: the agent cannot start"
                 ) from None
             agent.start_from_snapshot(snapshot)
-        try:
-            listener = await anyio.create_tcp_listener(
-                local_host=config.host, local_port=config.port
-            )
-        except OSError as exc:
-            raise SystemExit(
-                f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
-            ) from None
+        sockets = []
+        for listener in config.bound_listeners:
+            try:
+                sockets.append(
+                    await anyio.create_tcp_listener(
+                        local_host=listener.host or None, local_port=listener.port
+                    )
+                )
+            except OSError as exc:
+                raise SystemExit(f"cannot listen on {listener}: {exc.strerror}") from None
         logger.info(
-            "bucketlog agent %d listening on %s:%d (cluster %s, metadata %s, storage %s)",
+            "bucketlog agent %d listening on %s (cluster %s, metadata %s, storage %s)",
             agent.node_id,
-            config.host,
-            config.port,
+            format_listeners(config.bound_listeners),
             agent.cluster_id,
             config.resolved_metadata_url,
             config.resolved_storage_url,
@@ -85,10 +88,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                 tg.start_soon(ripcord.snapshot_loop, agent)
             tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 
-            async def serve_client(stream: anyio.abc.SocketStream) -> None:
-                await handle_connection(agent, stream)
-
-            tg.start_soon(listener.serve, serve_client)
+            for listener, sock in zip(config.bound_listeners, sockets, strict=True):
+                tg.start_soon(sock.serve, partial(handle_connection, agent, listener=listener))
             if ready is not None:
                 ready()
     finally:

@@ -45,6 +45,8 @@ def snapshot(agent: Agent) -> dict[str, Any]:
             "metadata_reachable": agent.metadata_reachable,
         },
         "connections": dict(agent.events.counts),
+        # Authentication successes and failures by mechanism (SSL: client certificates).
+        "authentication": agent.auth.stats.snapshot(),
         "lifecycle": dict(agent.lifecycle.stats),
         "compaction": dataclasses.asdict(agent.compaction.stats),
         "cleaning": dataclasses.asdict(agent.cleaning.stats),

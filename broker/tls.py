@@ -69,12 +69,19 @@ async def handshake(stream: anyio.abc.SocketStream, context: ssl.SSLContext) -> 
     except ssl.SSLEOFError:
         raise HandshakeFailed("closed during the TLS handshake", quiet=True) from None
     except ssl.SSLError as exc:
-        raise HandshakeFailed(f"TLS handshake failed: {exc.reason or exc}") from None
+        raise HandshakeFailed(f"TLS handshake failed: {_why(exc)}") from None
     except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError, OSError) as exc:
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
-            raise HandshakeFailed(f"TLS handshake failed: {cause.reason or cause}") from None
+            raise HandshakeFailed(f"TLS handshake failed: {_why(cause)}") from None
         raise HandshakeFailed("closed during the TLS handshake", quiet=True) from None
+
+
+def _why(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason, and for a refused certificate what was wrong with it."""
+    reason = exc.reason or str(exc)
+    verify = getattr(exc, "verify_message", None)
+    return f"{reason} ({verify})" if verify else reason
 
 
 def peer_principal(stream: TLSStream) -> str | None:

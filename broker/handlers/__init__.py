@@ -60,6 +60,8 @@ _MODULES = (
     "delete_groups",
     "offset_delete",
     "delete_records",
+    "sasl",
+    "scram_credentials",
 )
 
 

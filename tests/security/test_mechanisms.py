@@ -41,6 +41,14 @@ def started(client_first: bytes = CLIENT_FIRST) -> ScramServer:
     return server
 
 
+def test_a_final_nonce_ending_with_the_combined_one_is_taken_as_kafka_takes_it():
+    # librdkafka before 2.x repeats its own nonce in front; Kafka checks endsWith.
+    server = started()
+    doubled = CLIENT_FINAL.replace(b"r=", b"r=rOprNGfwEbeRWgbNEkqO")
+    with pytest.raises(AuthenticationFailed, match="invalid credentials"):
+        server.receive_final(doubled)  # a proof over the other message fails, as it should
+
+
 def test_scram_sha_256_follows_rfc_7677_exchange():
     server = started()
     assert server.principal is None
