@@ -94,7 +94,15 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         data_dir=root / "data",
         port=base,
         agents=AGENTS,
-        extra_args=["--listeners", listeners, "--ssl-keyfile", str(certs.server_key)],
+        extra_args=[
+            "--listeners",
+            listeners,
+            # Clients of SASL_PLAINTEXT are sent to "localhost"; agent 1 to port + 1 too.
+            "--advertised-listeners",
+            f"SASL_PLAINTEXT://localhost:{base + AGENTS}",
+            "--ssl-keyfile",
+            str(certs.server_key),
+        ],
         env={
             # Every option is also a BUCKETLOG_* variable.
             "BUCKETLOG_SSL_CERTFILE": str(certs.server_cert),
@@ -454,8 +462,11 @@ def test_each_listener_answers_with_its_own_addresses(cluster: Cluster) -> None:
                 include_topic_authorized_operations=False,
             )  # fmt: skip
         ).brokers
-        assert sorted(b.port for b in brokers) == [cluster.sasl_plaintext + i for i in range(2)]
+        assert sorted((b.host, b.port) for b in brokers) == [
+            ("localhost", cluster.sasl_plaintext + i) for i in range(2)
+        ]
         coordinator = client.call(request(10, 3, key="a-group", key_type=0))
+        assert coordinator.host == "localhost"
         assert coordinator.port in {cluster.sasl_plaintext, cluster.sasl_plaintext + 1}
         described = client.call(
             request(60, 1, include_cluster_authorized_operations=False, endpoint_type=1)
@@ -476,7 +487,9 @@ def test_each_listener_answers_with_its_own_addresses(cluster: Cluster) -> None:
                 include_topic_authorized_operations=False,
             )  # fmt: skip
         ).brokers
-        assert sorted(b.port for b in brokers) == [cluster.plaintext + i for i in range(2)]
+        assert sorted((b.host, b.port) for b in brokers) == [
+            ("127.0.0.1", cluster.plaintext + i) for i in range(2)
+        ]
         apis = client.call(
             request(18, 3, client_software_name="x", client_software_version="1")
         ).api_keys
