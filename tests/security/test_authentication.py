@@ -555,11 +555,42 @@ def test_scram_credential_requests_get_kafkas_errors(cluster: Cluster) -> None:
         }
 
 
-def test_kafka_configs_adds_a_scram_user(cluster: Cluster) -> None:
+def java_tools() -> None:
+    """Skips unless Java and Apache Kafka's jars (`make jars`) are here; never fetches."""
     root = Path(__file__).resolve().parents[2]
     jars = root / "integration" / ".cache" / "jars" / "kafka"
     if shutil.which("java") is None or not any(jars.glob("*.jar")):
         pytest.skip("Java or Apache Kafka's jars (make jars) are not here")
+
+
+def test_java_console_clients_over_sasl_ssl(
+    cluster: Cluster, credentials: None, tmp_path: Path
+) -> None:
+    java_tools()
+    from tests.integration.support import run_tool
+
+    properties = tmp_path / "client.properties"
+    properties.write_text(
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required"
+        f' username="alice" password="{SECRET}";\n'
+        "ssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={cluster.certs.ca}\n"
+    )
+    name = topic("java")
+    common = ["--bootstrap-server", f"127.0.0.1:{cluster.sasl_ssl}", "--topic", name]
+    common += ["--command-config", str(properties)]
+    run_tool("kafka-console-producer", *common, stdin="java-0\njava-1\n")
+    consumed = run_tool(
+        "kafka-console-consumer", *common, "--partition", "0", "--offset", "earliest",
+        "--max-messages", "2",
+    )  # fmt: skip
+    assert consumed.stdout.split() == ["java-0", "java-1"]
+
+
+def test_kafka_configs_adds_a_scram_user(cluster: Cluster) -> None:
+    java_tools()
     from tests.integration.support import run_tool
 
     run_tool(
