@@ -25,7 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from broker import sasl, tls
-from broker.listeners import Listener
+from broker.listeners import Listener, SecurityProtocol
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -57,38 +57,43 @@ class Authentication:
         self,
         mechanisms: tuple[str, ...],
         plain_users: dict[str, str],
-        tls_context: ssl.SSLContext | None,
+        tls_contexts: dict[SecurityProtocol, ssl.SSLContext] | None = None,
     ) -> None:
         self.mechanisms = mechanisms
         self.plain_users = plain_users
-        self.tls_context = tls_context
+        self.tls_contexts = tls_contexts or {}
         self.stats = AuthStats()
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> Authentication:
-        """Loads the files the listeners need; ValueError says what is wrong with them."""
-        listeners = config.bound_listeners
-        tls_context = None
-        if any(listener.protocol.tls for listener in listeners):
+        """Loads the files the listeners need; ValueError says what is wrong with them.
+
+        ssl.client.auth applies to SSL listeners only: SASL_SSL clients authenticate with
+        SASL, and their certificates are not asked for, as in Kafka (KIP-684)."""
+        contexts: dict[SecurityProtocol, ssl.SSLContext] = {}
+        for listener in config.bound_listeners:
+            if not listener.protocol.tls or listener.protocol in contexts:
+                continue
             assert config.ssl_certfile is not None  # checked by BrokerConfig
+            client_auth = "none" if listener.protocol.sasl else config.ssl_client_auth
             try:
-                tls_context = tls.server_context(
+                contexts[listener.protocol] = tls.server_context(
                     config.ssl_certfile,
                     config.ssl_keyfile,
                     config.ssl_key_password,
                     config.ssl_cafile,
-                    config.ssl_client_auth,
+                    client_auth,
                 )
             except (OSError, ssl.SSLError) as exc:
                 raise ValueError(f"cannot load the TLS certificate, key or CAs: {exc}") from None
         plain_users: dict[str, str] = {}
-        uses_sasl = any(listener.protocol.sasl for listener in listeners)
+        uses_sasl = any(listener.protocol.sasl for listener in config.bound_listeners)
         if uses_sasl and "PLAIN" in config.enabled_mechanisms and config.sasl_plain_users:
             try:
                 plain_users = sasl.load_plain_users(config.sasl_plain_users)
             except OSError as exc:
                 raise ValueError(f"cannot read --sasl-plain-users: {exc}") from None
-        return cls(config.enabled_mechanisms, plain_users, tls_context)
+        return cls(config.enabled_mechanisms, plain_users, contexts)
 
     def new_exchange(self, mechanism: str) -> sasl.PlainServer | sasl.ScramServer:
         if mechanism == "PLAIN":

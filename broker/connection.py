@@ -256,8 +256,7 @@ async def handle_connection(
     """Serve one client of `listener`: the TLS handshake first on SSL and SASL_SSL."""
     principal = ANONYMOUS
     if listener.protocol.tls:
-        context = agent.auth.tls_context
-        assert context is not None  # loaded at start for TLS listeners
+        context = agent.auth.tls_contexts[listener.protocol]  # loaded at start
         try:
             stream = await tls.handshake(cast(anyio.abc.SocketStream, stream), context)
         except tls.HandshakeFailed as exc:

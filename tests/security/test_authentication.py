@@ -1,6 +1,6 @@
 """Authentication with real clients against one broker of two agents, each serving four
 listeners: PLAINTEXT, SASL_PLAINTEXT (PLAIN and SCRAM), SSL (client certificates
-requested) and SASL_SSL.
+required) and SASL_SSL (certificates not asked for, as in Kafka).
 
 confluent-kafka and kafka-python produce and consume over SASL_SSL with SCRAM-SHA-512,
 over SASL_PLAINTEXT with PLAIN and over SSL with a client certificate; aiokafka and kcat
@@ -107,7 +107,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             # Every option is also a BUCKETLOG_* variable.
             "BUCKETLOG_SSL_CERTFILE": str(certs.server_cert),
             "BUCKETLOG_SSL_CAFILE": str(certs.ca),
-            "BUCKETLOG_SSL_CLIENT_AUTH": "requested",
+            "BUCKETLOG_SSL_CLIENT_AUTH": "required",  # SSL only: SASL_SSL asks for none
             "BUCKETLOG_SASL_PLAIN_USERS": str(users),
         },
     )
