@@ -62,6 +62,7 @@ _MODULES = (
     "delete_records",
     "sasl",
     "scram_credentials",
+    "client_quotas",
 )
 
 

@@ -553,6 +553,13 @@ def test_scram_credential_requests_get_kafkas_errors(cluster: Cluster) -> None:
         assert alter(client, deletions=[{"name": "fine", "mechanism": SHA256}]) == {
             "fine": (ErrorCode.none, None)
         }
+        # Quotas (which kafka-configs --describe asks for too): none is ever set.
+        user = {"entity_type": "user", "match_type": 0, "match": "fine"}
+        quotas = client.call(request(48, 1, components=[user], strict=False))
+        assert (quotas.error_code, quotas.entries) == (ErrorCode.none, ())
+        ip = {"entity_type": "ip", "match_type": 2, "match": None}
+        quotas = client.call(request(48, 1, components=[user, ip], strict=False))
+        assert quotas.error_code == ErrorCode.invalid_request
 
 
 def java_tools() -> None:
@@ -605,6 +612,17 @@ def test_kafka_configs_adds_a_scram_user(cluster: Cluster) -> None:
         "--entity-name",
         "dave",
     )
+    described = run_tool(
+        "kafka-configs",
+        "--bootstrap-server",
+        f"127.0.0.1:{cluster.plaintext}",
+        "--describe",
+        "--entity-type",
+        "users",
+        "--entity-name",
+        "dave",
+    )
+    assert "SCRAM-SHA-256=iterations=8192" in described.stdout
     confluent = {
         "security.protocol": "SASL_PLAINTEXT",
         "sasl.mechanism": "SCRAM-SHA-256",
