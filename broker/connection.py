@@ -18,6 +18,12 @@ connections wait for memory would hold theirs forever (a client that sends only 
 size prefix): after `FRAME_STALL_SECONDS` without a byte of it in that state, its
 connection is closed as a malformed request.
 
+A connection belongs to one listener (`broker.listeners`): on SSL and SASL_SSL the TLS
+handshake comes first (`broker.tls`); on SASL listeners only the authentication requests
+are taken until the client has authenticated (`broker.authentication`), and a failed
+authentication's answer is the connection's last. Each request carries the listener's
+name and the client's principal.
+
 A malformed frame or request closes the connection once the requests before it are
 answered, an unsupported version too (but for ApiVersions, which is answered), and a
 client may go away at any time: each is an expected event, logged as one rate-limited
