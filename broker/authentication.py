@@ -12,6 +12,8 @@ Rules (Kafka's SaslServerAuthenticator):
 - Once authenticated, SaslHandshake and SaslAuthenticate are answered ILLEGAL_SASL_STATE:
   sessions do not expire (SaslAuthenticate answers session_lifetime_ms 0), so clients
   never re-authenticate (KIP-368's connections.max.reauth.ms is not supported).
+- Before authentication on a SASL listener a frame is at most 512 KiB (Kafka's
+  sasl.server.max.receive.size); a larger one closes the connection.
 - Successes and failures are counted by mechanism (SSL: client certificates) for the
   stats file; each is one rate-limited line (broker.eventlog), never with a secret.
 """
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
 # The requests a SASL connection takes before it is authenticated, by state.
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
+# Kafka's sasl.server.max.receive.size: the largest frame before authentication.
+SASL_MAX_RECEIVE_SIZE = 524288
 CERTIFICATE = "SSL"  # the "mechanism" of a client certificate, in the counters
 
 
@@ -117,6 +121,17 @@ class ConnectionAuth:
     @property
     def authenticated(self) -> bool:
         return self.state is SaslState.DONE
+
+    def frame_refusal(self, size: int) -> str | None:
+        """Why a frame of `size` bytes is refused: before authentication on a SASL
+        listener, frames are at most Kafka's sasl.server.max.receive.size, so that a client
+        nobody knows cannot hold much of the agent's request memory."""
+        if self.state is SaslState.DONE or size <= SASL_MAX_RECEIVE_SIZE:
+            return None
+        return (
+            f"a frame of {size} bytes before authentication on {self.listener.name}"
+            f" (at most {SASL_MAX_RECEIVE_SIZE}, Kafka's sasl.server.max.receive.size)"
+        )
 
     def refusal(self, api_key: int) -> str | None:
         """Why a request with this API key may not be taken now (None: it may)."""

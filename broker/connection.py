@@ -382,16 +382,21 @@ class _Connection:
                     refused.fail(_Close(eventlog.MALFORMED_REQUEST, str(exc)))
                     await answers.send(_Answer(b"", refused))
                     return
+                size = self.framing.pending_frame_size if frame is None else len(frame)
+                refusal = self.auth.frame_refusal(size)
+                if refusal is not None:
+                    refused = Promise()
+                    refused.fail(_Close(eventlog.AUTHENTICATION_FAILURE, refusal))
+                    await answers.send(_Answer(b"", refused))
+                    return
                 if frame is None:
                     # Hold the memory of the frame still arriving before reading on.
-                    pending = self.framing.pending_frame_size
-                    if pending > self.held:
-                        await self.memory.reserve(pending - self.held)
-                        self.held = pending
+                    if size > self.held:
+                        await self.memory.reserve(size - self.held)
+                        self.held = size
                     break
                 # A frame that came whole within one read is held now (at most one read
                 # more than the memory allows is ever buffered).
-                size = len(frame)
                 if size > self.held:
                     await self.memory.reserve(size - self.held)
                     self.held = size

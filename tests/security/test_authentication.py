@@ -343,6 +343,11 @@ def test_a_request_before_authentication_closes_the_connection(cluster: Cluster)
                             include_topic_authorized_operations=False))  # fmt: skip
         assert client.wait_closed()
     cluster.wait_for_line("API key 3 before authentication on SASL_PLAINTEXT")
+    # A frame larger than Kafka's sasl.server.max.receive.size before authentication.
+    with WireClient(("127.0.0.1", cluster.sasl_plaintext)) as client:
+        client.send_raw(struct.pack(">i", 600_000) + b"\x00" * 1000)
+        assert client.wait_closed()  # at once, not when the frame would be complete
+    cluster.wait_for_line("a frame of 600000 bytes before authentication")
     # After the handshake, only SaslAuthenticate.
     with sasl_session(cluster.sasl_plaintext, "PLAIN") as client:
         client.send(request(18, 3, client_software_name="x", client_software_version="1"))
