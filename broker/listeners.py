@@ -110,9 +110,7 @@ def advertised_for(
     given = {entry.name: entry for entry in advertised}
     result = []
     for listener in listeners:
-        entry = given.get(listener.name) or replace(
-            listener, host=advertised_host or listener.host
-        )
+        entry = given.get(listener.name) or replace(listener, host=advertised_host or listener.host)
         if not entry.host:
             raise ValueError(
                 f"listener {listener} binds every interface: give an advertised host for it"
