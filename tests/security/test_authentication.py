@@ -575,7 +575,7 @@ def java_tools() -> None:
         pytest.skip("Java or Apache Kafka's jars (make jars) are not here")
 
 
-def test_java_console_clients_over_sasl_ssl(
+def test_java_console_clients_over_sasl_ssl_and_mtls(
     cluster: Cluster, credentials: None, tmp_path: Path
 ) -> None:
     java_tools()
@@ -591,12 +591,24 @@ def test_java_console_clients_over_sasl_ssl(
         f"ssl.truststore.location={cluster.certs.ca}\n"
     )
     name = topic("java")
-    common = ["--bootstrap-server", f"127.0.0.1:{cluster.sasl_ssl}", "--topic", name]
-    common += ["--command-config", str(properties)]
-    run_tool("kafka-console-producer", *common, stdin="java-0\njava-1\n")
+    run_tool(
+        "kafka-console-producer", "--bootstrap-server", f"127.0.0.1:{cluster.sasl_ssl}",
+        "--topic", name, "--command-config", str(properties), stdin="java-0\njava-1\n",
+    )  # fmt: skip
+    # The consumer over SSL with its client certificate (a PEM keystore: key, then chain).
+    certs = cluster.certs
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_text(certs.client_key.read_text() + certs.client_cert.read_text())
+    mtls = tmp_path / "mtls.properties"
+    mtls.write_text(
+        "security.protocol=SSL\n"
+        f"ssl.truststore.type=PEM\nssl.truststore.location={certs.ca}\n"
+        f"ssl.keystore.type=PEM\nssl.keystore.location={keystore}\n"
+    )
     consumed = run_tool(
-        "kafka-console-consumer", *common, "--partition", "0", "--offset", "earliest",
-        "--max-messages", "2",
+        "kafka-console-consumer", "--bootstrap-server", f"127.0.0.1:{cluster.ssl}",
+        "--topic", name, "--command-config", str(mtls), "--partition", "0",
+        "--offset", "earliest", "--max-messages", "2",
     )  # fmt: skip
     assert consumed.stdout.split() == ["java-0", "java-1"]
 
