@@ -78,6 +78,8 @@ class PlainServer:
             raise AuthenticationFailed("Invalid SASL/PLAIN response: not UTF-8") from None
         if not user:
             raise AuthenticationFailed("Authentication failed: username not specified")
+        if not password:
+            raise AuthenticationFailed("Authentication failed: password not specified")
         if authzid and authzid != user:
             raise AuthenticationFailed(
                 "Authentication failed: Client requested an authorization id that is"
@@ -92,15 +94,6 @@ class PlainServer:
             raise AuthenticationFailed("Authentication failed: Invalid username or password")
         self.principal = f"User:{user}"
         return b""
-
-
-def _attributes(message: str) -> list[tuple[str, str]]:
-    pairs = []
-    for part in message.split(","):
-        if len(part) < 2 or part[1] != "=" or not part[0].isalpha():
-            raise AuthenticationFailed(f"Invalid SCRAM message: malformed attribute {part[:8]!r}")
-        pairs.append((part[0], part[2:]))
-    return pairs
 
 
 def _sasl_name(encoded: str) -> str:
@@ -208,9 +201,12 @@ class ScramServer:
         without_proof, sep, proof_text = message.rpartition(",p=")
         if not sep:
             raise AuthenticationFailed("Invalid SCRAM client final message: no proof")
-        attrs = dict(_attributes(without_proof))
+        parts = without_proof.split(",")
+        if len(parts) < 2 or not parts[0].startswith("c=") or not parts[1].startswith("r="):
+            raise AuthenticationFailed("Invalid SCRAM client final message: expected c= and r=")
+        attrs = {"c": parts[0][2:], "r": parts[1][2:]}  # extensions after them are ignored
         try:
-            binding = base64.b64decode(attrs.get("c", ""), validate=True).decode()
+            binding = base64.b64decode(attrs["c"], validate=True).decode()
             proof = base64.b64decode(proof_text, validate=True)
         except (ValueError, UnicodeDecodeError):
             raise AuthenticationFailed("Invalid SCRAM client final message: bad base64") from None
@@ -218,7 +214,7 @@ class ScramServer:
             raise AuthenticationFailed("Invalid SCRAM client final message: channel binding")
         # Must end with the combined nonce, as Kafka checks: librdkafka before 2.x sends
         # its own nonce again in front. The server's fresh nonce is still in the proof.
-        if not attrs.get("r", "").endswith(self._nonce):
+        if not attrs["r"].endswith(self._nonce):
             raise AuthenticationFailed("Invalid client nonce in the final client message.")
         auth_message = ",".join(
             (self._client_first_bare, self._server_first, without_proof)

@@ -56,6 +56,31 @@ def test_scram_sha_256_follows_rfc_7677_exchange():
     assert server.principal == "User:user"
 
 
+def test_scram_sha_512_with_a_client_of_its_own():
+    """SCRAM-SHA-512 has no RFC test vector: the client side computed here, by RFC 5802."""
+    import hashlib
+    import hmac
+
+    salt, iterations = b"0123456789abcdef", 4096
+    salted = salted_password("SCRAM-SHA-512", "secret", salt, iterations)
+    server = ScramServer("SCRAM-SHA-512")
+    server.receive_first(b"n,,n=alice,r=client-nonce")
+    first = server.server_first(credential_from_salted("SCRAM-SHA-512", salted, salt, iterations))
+    nonce = dict(part.split("=", 1) for part in first.decode().split(","))["r"]
+    assert nonce.startswith("client-nonce") and len(nonce) > len("client-nonce")
+    without_proof = f"c=biws,r={nonce}"
+    auth_message = f"n=alice,r=client-nonce,{first.decode()},{without_proof}".encode()
+    client_key = hmac.new(salted, b"Client Key", "sha512").digest()
+    stored_key = hashlib.sha512(client_key).digest()
+    signature = hmac.new(stored_key, auth_message, "sha512").digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+    server_key = hmac.new(salted, b"Server Key", "sha512").digest()
+    expected = hmac.new(server_key, auth_message, "sha512").digest()
+    assert server.receive_final(final) == b"v=" + base64.b64encode(expected)
+    assert server.principal == "User:alice"
+
+
 @pytest.mark.parametrize(
     ("final", "why"),
     [
@@ -63,6 +88,7 @@ def test_scram_sha_256_follows_rfc_7677_exchange():
         (CLIENT_FINAL.replace(SERVER_NONCE.encode(), b"other"), "nonce"),
         (CLIENT_FINAL.replace(b"c=biws", b"c=eSws"), "channel binding"),  # "y,,"
         (CLIENT_FINAL.split(b",p=")[0], "no proof"),
+        (CLIENT_FINAL.replace(b"c=biws,", b""), "expected c= and r="),
         (b"\xff\xfe", "not UTF-8"),
     ],
 )
@@ -109,6 +135,7 @@ def test_plain_checks_user_password_and_authorization_id():
     assert PlainServer(users).step(b"bob\x00bob\x00secret") == b""
     for token, why in [
         (b"\x00bob\x00wrong", "Invalid username or password"),
+        (b"\x00bob\x00", "password not specified"),
         (b"\x00eve\x00secret", "Invalid username or password"),
         (b"eve\x00bob\x00secret", "authorization id"),
         (b"bob\x00secret", "expected 3 tokens"),
