@@ -1,8 +1,9 @@
 """The agent's counters, written once a second to `<data-dir>/stats-<port>.json`.
 
 For benchmarks and operators: objects PUT and GET, cache hits, flushes, metadata
-transactions, the object lifecycle and compaction, and the connections' expected events
-(bad input, clients gone). The file is replaced atomically (write, then rename), only
+transactions, the object lifecycle and compaction, the connections' expected events
+(bad input, clients gone, refused authentications), and authentication successes and
+failures by mechanism. The file is replaced atomically (write, then rename), only
 when a counter changed, so a reader never sees half of it; writing it costs one small
 file per second.
 """
