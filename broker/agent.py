@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import anyio
 
 from broker import placement
+from broker.authentication import Authentication
 from broker.authorizer import AclAuthorizer
 from broker.cleaning import Cleaning, CleaningSettings
 from broker.compaction import Compaction, CompactionSettings
@@ -91,6 +92,7 @@ class Agent:
         )
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))
+        self.auth = Authentication.from_config(config)
         self.request_memory = RequestMemory(config.queued_max_request_bytes)
         self.meter = Meter()
         percentile = config.resolved_put_hedge_percentile
@@ -152,6 +154,8 @@ class Agent:
             outage=self.in_outage,
             settle_s=self.view_fresh_s + SETTLE_S - VIEW_FRESH_SECONDS,
         )
+        # The advertised endpoint of each listener, registered with the lease.
+        self.endpoints = tuple((e.name, e.host, e.port) for e in config.advertised_endpoints)
         self.node_id = -1
         self.cluster_id = ""
         self.live: list[AgentInfo] = []
@@ -257,7 +261,13 @@ class Agent:
             # counts its lease from the attempt that commits, not from the first one.
             now = now_ms()
             node_id = cluster.register_agent(
-                tr, self.sub, cfg.advertised, cfg.port, cfg.rack, now + cfg.lease_ms
+                tr,
+                self.sub,
+                cfg.advertised,
+                cfg.advertised_port,
+                cfg.rack,
+                now + cfg.lease_ms,
+                self.endpoints,
             )
             return node_id, cluster.live_agents(tr, self.sub, now), now
 
@@ -456,9 +466,10 @@ class Agent:
 
     def live_agents(self) -> list[AgentInfo]:
         if not self.live:
+            cfg = self.config
             return [
                 AgentInfo(
-                    self.node_id, self.config.advertised, self.config.port, self.config.rack, 0
+                    self.node_id, cfg.advertised, cfg.advertised_port, cfg.rack, 0, self.endpoints
                 )
             ]
         if not self._refusing:
@@ -504,10 +515,11 @@ class Agent:
         """Begin without the metadata store (Ripcord): the node id this agent's address
         had, the cluster id, the agents and the topics as the snapshot has them."""
         cfg = self.config
-        node_id = snapshot.node_id_of(cfg.advertised, cfg.port)
+        node_id = snapshot.node_id_of(cfg.advertised, cfg.advertised_port)
         if node_id is None:
             raise SystemExit(
-                f"the metadata store is unreachable and {cfg.advertised}:{cfg.port} is not"
+                f"the metadata store is unreachable and {cfg.advertised}:{cfg.advertised_port}"
+                " is not"
                 " in the cluster's Ripcord snapshot: an agent new to the cluster can only"
                 " start with the store"
             )

@@ -21,7 +21,9 @@ from typing import Any
 import anyio
 
 from broker import logformat
-from broker.config import BrokerConfig
+from broker.authentication import Authentication
+from broker.config import SSL_CLIENT_AUTH, BrokerConfig
+from broker.listeners import format_listeners, parse_listeners
 from broker.registry import AgentRegistry
 from broker.supervisor import DEFAULT_STOP_GRACE_S, OnAgentExit, supervise
 
@@ -70,6 +72,17 @@ def _log_format(value: str) -> str:
     return value.lower()
 
 
+def _listeners(value: str) -> tuple[object, ...]:
+    try:
+        return parse_listeners(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip().upper() for name in value.split(",") if name.strip())
+
+
 def _latency_ms(value: str) -> tuple[float, float]:
     """MEDIAN,P99 in milliseconds, checked as the lognormal model takes them."""
     from metadata.injected_kv import Lognormal
@@ -86,6 +99,56 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("host", str, "127.0.0.1", "address to listen on"),
     ("port", int, 9092, "port of the first agent"),
     ("advertised-host", str, None, "host name given to clients (default: --host)"),
+    (
+        "listeners",
+        _listeners,
+        None,
+        "listeners in Kafka's form, NAME://HOST:PORT,... where NAME is PLAINTEXT, SSL,"
+        " SASL_PLAINTEXT or SASL_SSL (default: PLAINTEXT://HOST:PORT); the first one is the"
+        " agent's primary address, and with --agents N agent i serves each port + i",
+    ),
+    (
+        "advertised-listeners",
+        _listeners,
+        None,
+        "the address given to clients of each listener, in the same form (default: each"
+        " listener's, with --advertised-host if given)",
+    ),
+    (
+        "ssl-certfile",
+        str,
+        None,
+        "PEM file of the agents' TLS certificate chain, and its key unless --ssl-keyfile"
+        " (ssl.keystore.*)",
+    ),
+    ("ssl-keyfile", str, None, "PEM file of the TLS certificate's private key"),
+    ("ssl-key-password", str, None, "password of the private key (ssl.key.password)"),
+    (
+        "ssl-cafile",
+        str,
+        None,
+        "PEM file of the CAs client certificates are checked against (ssl.truststore.*)",
+    ),
+    (
+        "ssl-client-auth",
+        str,
+        "none",
+        f"whether TLS clients must present a certificate: {', '.join(SSL_CLIENT_AUTH)}"
+        " (ssl.client.auth)",
+    ),
+    (
+        "sasl-enabled-mechanisms",
+        _names,
+        None,
+        "SASL mechanisms of the SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"
+        " (default: both SCRAM ones, and PLAIN with --sasl-plain-users)",
+    ),
+    (
+        "sasl-plain-users",
+        str,
+        None,
+        "file of the PLAIN mechanism's users, one name:password a line (# comments)",
+    ),
     ("data-dir", str, "./bucketlog-data", "folder for the embedded default stores"),
     ("agents", int, 1, "number of agent processes (ports PORT..PORT+N-1)"),
     (
@@ -491,9 +554,21 @@ def _super_users(value: str) -> frozenset[str]:
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    host, port = args.host, args.port
+    if args.listeners:
+        host, port = args.listeners[0].host, args.listeners[0].port
     return BrokerConfig(
-        host=args.host,
-        port=args.port,
+        host=host,
+        port=port,
+        listeners=args.listeners or (),
+        advertised_listeners=args.advertised_listeners or (),
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_key_password=args.ssl_key_password,
+        ssl_cafile=args.ssl_cafile,
+        ssl_client_auth=args.ssl_client_auth.lower(),
+        sasl_enabled_mechanisms=args.sasl_enabled_mechanisms,
+        sasl_plain_users=args.sasl_plain_users,
         advertised_host=args.advertised_host,
         data_dir=args.data_dir,
         metadata_url=args.metadata,
@@ -556,16 +631,22 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 
 def _run_many(args: argparse.Namespace, argv: Sequence[str], config: BrokerConfig) -> int:
     """One agent process per port PORT..PORT+N-1, each started as `bucketlog serve` with
-    the same arguments and its own port; broker.supervisor keeps them running, and
-    broker.registry deregisters one that dies."""
-    commands = {
-        port: [
-            sys.executable, "-m", "broker.cli", *argv, "--agents", "1", "--port", str(port),
-            *(["--metrics-port", str(args.metrics_port + i)] if args.metrics_port else []),
-        ]
-        for i, port in enumerate(range(args.port, args.port + args.agents))
-    }  # fmt: skip
-    registry = AgentRegistry(config.resolved_metadata_url, config.cluster_name, config.advertised)
+    the same arguments and its own port (every listener's port + its index);
+    broker.supervisor keeps them running, and broker.registry deregisters one that dies."""
+    commands = {}
+    addresses = {}
+    for index in range(args.agents):
+        agent = config.with_port(config.port + index)
+        own = ["--agents", "1", "--port", str(agent.port)]
+        if agent.listeners:
+            own += ["--listeners", format_listeners(agent.listeners)]
+        if agent.advertised_listeners:
+            own += ["--advertised-listeners", format_listeners(agent.advertised_listeners)]
+        if args.metrics_port:
+            own += ["--metrics-port", str(args.metrics_port + index)]
+        commands[agent.port] = [sys.executable, "-m", "broker.cli", *argv, *own]
+        addresses[agent.port] = (agent.advertised, agent.advertised_port)
+    registry = AgentRegistry(config.resolved_metadata_url, config.cluster_name, addresses)
     try:
         return supervise(
             commands,
@@ -583,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logformat.configure(args.log_level, args.log_format)
     try:
         config = config_from_args(args)
+        # The TLS files and the PLAIN users are read now, so that a bad one stops here.
+        Authentication.from_config(config)
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2, as for any bad option
     os.makedirs(config.data_dir, exist_ok=True)

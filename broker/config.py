@@ -5,6 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from broker.listeners import Listener, SecurityProtocol, advertised_for
+
+# SASL mechanisms this broker can serve (Kafka's sasl.enabled.mechanisms names).
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+# ssl.client.auth values
+SSL_CLIENT_AUTH = ("none", "requested", "required")
+
 # Topic configs a topic reports when it sets none itself (Apache Kafka's defaults).
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "bucketlog.topic.type": "classic",
@@ -114,6 +122,19 @@ class BrokerConfig:
     super_users: frozenset[str] = frozenset()
     allow_everyone_if_no_acl_found: bool = False
     topic_defaults: dict[str, str] = field(default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS))
+    # Listeners (broker.listeners); none given: one PLAINTEXT listener on host:port. When
+    # given, host and port are the first listener's.
+    listeners: tuple[Listener, ...] = ()
+    advertised_listeners: tuple[Listener, ...] = ()
+    # TLS (broker.tls): Kafka's ssl.keystore.* as PEM files, ssl.truststore.* as a CA file.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_key_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_client_auth: str = "none"
+    # SASL (broker.sasl): None = SCRAM, and PLAIN when a users file is given.
+    sasl_enabled_mechanisms: tuple[str, ...] | None = None
+    sasl_plain_users: str | None = None  # a file of name:password lines
 
     def __post_init__(self) -> None:
         if self.put_hedge_percentile is not None and not 0 <= self.put_hedge_percentile < 100:
@@ -121,6 +142,7 @@ class BrokerConfig:
                 f"--put-hedge-percentile must be at least 0 and below 100, not"
                 f" {self.put_hedge_percentile}"
             )
+        self._check_security()
         if self.lease_ms <= 0 or self.lease_renew_ms <= 0:
             raise ValueError("--lease-ms and --lease-renew-ms must be positive")
         if self.lease_renew_ms >= self.lease_ms:
@@ -133,6 +155,47 @@ class BrokerConfig:
                 "--super-users and --allow-everyone-if-no-acl-found take effect only with"
                 " --authorizer"
             )
+
+    def _check_security(self) -> None:
+        listeners = self.bound_listeners
+        self.advertised_endpoints  # noqa: B018 -- raises ValueError when they do not match
+        if self.ssl_client_auth not in SSL_CLIENT_AUTH:
+            raise ValueError(
+                f"--ssl-client-auth must be one of {', '.join(SSL_CLIENT_AUTH)},"
+                f" not {self.ssl_client_auth!r}"
+            )
+        if any(listener.protocol.tls for listener in listeners):
+            if not self.ssl_certfile:
+                raise ValueError("an SSL or SASL_SSL listener needs --ssl-certfile")
+            if self.ssl_client_auth != "none" and not self.ssl_cafile:
+                raise ValueError(
+                    f"--ssl-client-auth {self.ssl_client_auth} needs --ssl-cafile (the CAs"
+                    " client certificates are checked against)"
+                )
+        for name in self.sasl_enabled_mechanisms or ():
+            if name not in SASL_MECHANISMS:
+                raise ValueError(
+                    f"SASL mechanism {name!r} is not supported (supported:"
+                    f" {', '.join(SASL_MECHANISMS)})"
+                )
+        if "PLAIN" in self.enabled_mechanisms and not self.sasl_plain_users:
+            raise ValueError("SASL mechanism PLAIN needs --sasl-plain-users FILE")
+
+    @property
+    def enabled_mechanisms(self) -> tuple[str, ...]:
+        if self.sasl_enabled_mechanisms is not None:
+            return self.sasl_enabled_mechanisms
+        return (("PLAIN",) if self.sasl_plain_users else ()) + SCRAM_MECHANISMS
+
+    @property
+    def bound_listeners(self) -> tuple[Listener, ...]:
+        """Where this agent listens, the first one being its primary address."""
+        return self.listeners or (Listener(SecurityProtocol.PLAINTEXT, self.host, self.port),)
+
+    @property
+    def advertised_endpoints(self) -> tuple[Listener, ...]:
+        """The address given to clients of each listener, in the listeners' order."""
+        return advertised_for(self.bound_listeners, self.advertised_listeners, self.advertised_host)
 
     @property
     def resolved_metadata_url(self) -> str:
@@ -178,7 +241,20 @@ class BrokerConfig:
 
     @property
     def advertised(self) -> str:
-        return self.advertised_host or self.host
+        """The primary advertised host: with the advertised port, the agent's identity."""
+        return self.advertised_endpoints[0].host
+
+    @property
+    def advertised_port(self) -> int:
+        return self.advertised_endpoints[0].port
 
     def with_port(self, port: int) -> BrokerConfig:
-        return replace(self, port=port)
+        """This config for the agent whose first port is `port`: every listener's port and
+        advertised port move by as much."""
+        offset = port - self.port
+        return replace(
+            self,
+            port=port,
+            listeners=tuple(listener.shifted(offset) for listener in self.listeners),
+            advertised_listeners=tuple(a.shifted(offset) for a in self.advertised_listeners),
+        )

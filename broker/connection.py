@@ -18,6 +18,12 @@ connections wait for memory would hold theirs forever (a client that sends only 
 size prefix): after `FRAME_STALL_SECONDS` without a byte of it in that state, its
 connection is closed as a malformed request.
 
+A connection belongs to one listener (`broker.listeners`): on SSL and SASL_SSL the TLS
+handshake comes first (`broker.tls`); on SASL listeners only the authentication requests
+are taken until the client has authenticated (`broker.authentication`), and a failed
+authentication's answer is the connection's last. Each request carries the listener's
+name and the client's principal.
+
 A malformed frame or request closes the connection once the requests before it are
 answered, an unsupported version too (but for ApiVersions, which is answered), and a
 client may go away at any time: each is an expected event, logged as one rate-limited
@@ -41,10 +47,13 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from kio.schema.errors import ErrorCode
 
-from broker import eventlog
+from broker import eventlog, tls
 from broker.agent import Agent
-from broker.handlers import REGISTRY, api_versions
+from broker.authentication import CERTIFICATE, ConnectionAuth
+from broker.handlers import REGISTRY, api_versions, sasl
 from broker.handlers.errors import error_response
+from broker.listeners import Listener, SecurityProtocol
+from broker.sasl import AuthenticationFailed
 from broker.sync import Promise, Turn
 from metadata.kv import KVError
 from protocol.codec import (
@@ -62,6 +71,8 @@ MAX_IN_FLIGHT = 64
 # Kafka's principal of a client that did not authenticate.
 ANONYMOUS = "User:ANONYMOUS"
 READ_SIZE = 256 * 1024
+# The listener of a connection that names none (tests): --host/--port's.
+PLAINTEXT = Listener(SecurityProtocol.PLAINTEXT, "", 0)
 FRAME_STALL_SECONDS = 5.0
 
 
@@ -75,6 +86,10 @@ class RequestContext:
     turn: Turn = field(default_factory=Turn)
     # Who sent it, in Kafka's form ("User:alice"): what authorization checks.
     principal: str = ANONYMOUS
+    # The listener it came in on (its security protocol), and its connection's
+    # authentication, which SaslHandshake and SaslAuthenticate move on.
+    listener: str = PLAINTEXT.name
+    session: ConnectionAuth | None = None
 
     def end_turn(self) -> None:
         """This request has taken effect: the connection's next request may start."""
@@ -114,7 +129,7 @@ Frame = list[bytes | bytearray | memoryview]  # an answer's parts, written in or
 WRITEV_PARTS = 512
 
 
-async def send_frame(stream: anyio.abc.SocketStream, frame: Frame) -> None:
+async def send_frame(stream: anyio.abc.ByteStream, frame: Frame) -> None:
     """Write an answer's parts in order.
 
     When nothing is queued in the stream's transport, the parts go to the socket in one
@@ -164,7 +179,12 @@ def _unsupported(api_key: int, api_version: int, correlation_id: int) -> Frame:
 
 
 async def _handle_frame(
-    agent: Agent, frame: bytes, peer: str, turn: Turn, principal: str = ANONYMOUS
+    agent: Agent,
+    frame: bytes,
+    peer: str,
+    turn: Turn,
+    principal: str = ANONYMOUS,
+    session: ConnectionAuth | None = None,
 ) -> Frame | None:
     try:
         request = decode_request(frame)
@@ -179,7 +199,15 @@ async def _handle_frame(
     if api is None or not api.supports(header.api_version):
         return _unsupported(header.api_key, header.api_version, header.correlation_id)
     ctx = RequestContext(
-        agent, header.api_version, header.correlation_id, header.client_id, peer, turn, principal
+        agent,
+        header.api_version,
+        header.correlation_id,
+        header.client_id,
+        peer,
+        turn,
+        principal,
+        PLAINTEXT.name if session is None else session.listener.name,
+        session,
     )
     began = time.monotonic()
     try:
@@ -254,28 +282,69 @@ def _unavailable_code(api_key: int) -> ErrorCode:
     return ErrorCode.request_timed_out
 
 
-async def handle_connection(agent: Agent, stream: anyio.abc.SocketStream) -> None:
-    await _Connection(agent, stream).serve()
+async def handle_connection(
+    agent: Agent, stream: anyio.abc.ByteStream, listener: Listener = PLAINTEXT
+) -> None:
+    """Serve one client of `listener`: the TLS handshake first on SSL and SASL_SSL."""
+    principal = ANONYMOUS
+    if listener.protocol.tls:
+        context = agent.auth.tls_contexts[listener.protocol]  # loaded at start
+        try:
+            stream = await tls.handshake(cast(anyio.abc.SocketStream, stream), context)
+        except tls.HandshakeFailed as exc:
+            kind = eventlog.TLS_CLOSED_EARLY if exc.quiet else eventlog.TLS_HANDSHAKE_FAILURE
+            if not exc.quiet:
+                agent.auth.stats.failures[CERTIFICATE] += 1
+            agent.events.record(
+                kind, "closing connection from %s on %s: %s", _peer(stream), listener, exc
+            )
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            return
+        certified = tls.peer_principal(stream)
+        if certified is not None and not listener.protocol.sasl:
+            principal = certified
+            agent.auth.stats.successes[CERTIFICATE] += 1
+            agent.events.record(
+                eventlog.AUTHENTICATED,
+                "%s authenticated as %s with its client certificate on %s",
+                _peer(stream),
+                principal,
+                listener.name,
+            )
+    await _Connection(agent, stream, listener, principal).serve()
+
+
+def _peer(stream: anyio.abc.ByteStream) -> str:
+    try:
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        address = "?"
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 class _Connection:
     """One client connection: a reader task, a handler task per request, a writer task."""
 
-    def __init__(self, agent: Agent, stream: anyio.abc.SocketStream) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        stream: anyio.abc.ByteStream,
+        listener: Listener = PLAINTEXT,
+        principal: str = ANONYMOUS,
+    ) -> None:
         self.agent = agent
         self.stream = stream
         self.events = agent.events
-        try:
-            address = stream.extra(anyio.abc.SocketAttribute.remote_address)
-        except anyio.TypedAttributeLookupError:
-            address = "?"
-        self.peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else address
+        self.peer = _peer(stream)
         self.framing = ServerConnection(max_frame_size=agent.config.frame_limit)
         self.memory = agent.request_memory
         self.held = 0  # request memory held for the frame now arriving
         self.gone = False  # the client went away: said once, then quiet
         self.answering: _Answer | None = None  # the answer the writer waits for or writes
-        self.principal = ANONYMOUS  # until the client authenticates
+        # Until the client authenticates: ANONYMOUS, or its certificate's on SSL.
+        self.principal = principal
+        self.auth = ConnectionAuth(listener, principal)
 
     def went_away(self, exc: BaseException) -> None:
         if not self.gone:
@@ -319,7 +388,7 @@ class _Connection:
                 self.went_away(exc)
                 return
             if chunk is None:
-                refused: Promise[Frame | None] = Promise()
+                refused: Promise[Frame | _Last | None] = Promise()
                 reason = (
                     f"{self.held} bytes of a frame held for {FRAME_STALL_SECONDS:g} s "
                     "without a byte more while others wait for request memory"
@@ -339,16 +408,21 @@ class _Connection:
                     refused.fail(_Close(eventlog.MALFORMED_REQUEST, str(exc)))
                     await answers.send(_Answer(b"", refused))
                     return
+                size = self.framing.pending_frame_size if frame is None else len(frame)
+                refusal = self.auth.frame_refusal(size)
+                if refusal is not None:
+                    refused = Promise()
+                    refused.fail(_Close(eventlog.AUTHENTICATION_FAILURE, refusal))
+                    await answers.send(_Answer(b"", refused))
+                    return
                 if frame is None:
                     # Hold the memory of the frame still arriving before reading on.
-                    pending = self.framing.pending_frame_size
-                    if pending > self.held:
-                        await self.memory.reserve(pending - self.held)
-                        self.held = pending
+                    if size > self.held:
+                        await self.memory.reserve(size - self.held)
+                        self.held = size
                     break
                 # A frame that came whole within one read is held now (at most one read
                 # more than the memory allows is ever buffered).
-                size = len(frame)
                 if size > self.held:
                     await self.memory.reserve(size - self.held)
                     self.held = size
@@ -371,12 +445,32 @@ class _Connection:
                 return None
 
     async def run_one(
-        self, frame: bytes, slot: Promise[Frame | None], after: Turn, turn: Turn
+        self, frame: bytes, slot: Promise[Frame | _Last | None], after: Turn, turn: Turn
     ) -> None:
         """Handle one request in its turn; its frame's memory is released once answered."""
         try:
             await after.wait_ended()
-            slot.set(await _handle_frame(self.agent, frame, self.peer, turn, self.principal))
+            auth = self.auth
+            answer: Frame | None
+            if auth.raw_tokens and not auth.authenticated:  # after a SaslHandshake v0
+                try:
+                    answer = list(await sasl.raw_token(self.agent, auth, self.peer, frame))
+                except AuthenticationFailed:
+                    assert auth.close_after is not None
+                    raise _Close(eventlog.AUTHENTICATION_FAILURE, auth.close_after) from None
+            else:
+                if not auth.authenticated:
+                    refusal = auth.refusal(_api_key(frame))
+                    if refusal is not None:
+                        raise _Close(eventlog.AUTHENTICATION_FAILURE, refusal)
+                answer = await _handle_frame(
+                    self.agent, frame, self.peer, turn, self.principal, auth
+                )
+            self.principal = auth.principal
+            if auth.close_after is not None:  # the answer is the last one
+                slot.set(_Last(answer, eventlog.AUTHENTICATION_FAILURE, auth.close_after))
+            else:
+                slot.set(answer)
         except _Close as exc:
             slot.fail(exc)
         except Exception as exc:  # a bug outside the handler (encoding the answer)
@@ -402,15 +496,35 @@ class _Connection:
                     )
                     scope.cancel()
                     return
-                if data is None:
-                    continue
-                try:
-                    await send_frame(self.stream, data)
-                except GONE as exc:
-                    self.went_away(exc)
+                last = data if isinstance(data, _Last) else None
+                frame = last.frame if last is not None else cast(Frame | None, data)
+                if frame is not None:
+                    try:
+                        await send_frame(self.stream, frame)
+                    except GONE as exc:
+                        self.went_away(exc)
+                        scope.cancel()
+                        return
+                if last is not None:
+                    self.events.record(
+                        last.kind, "closing connection from %s: %s", self.peer, last.reason
+                    )
                     scope.cancel()
                     return
                 self.answering = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    """An answer after which the connection closes (a failed authentication)."""
+
+    frame: Frame | None
+    kind: str
+    reason: str
+
+
+def _api_key(frame: bytes) -> int:
+    return struct.unpack_from(">h", frame)[0] if len(frame) >= 2 else -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +532,7 @@ class _Answer:
     """An answer to come, in request order; `head` is its request's first four bytes."""
 
     head: bytes
-    frame: Promise[Frame | None]
+    frame: Promise[Frame | _Last | None]
 
     def what(self) -> str:
         if len(self.head) < 4:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from broker.authentication import Authentication, ConnectionAuth
     from broker.authorizer import AclAuthorizer
     from broker.config import BrokerConfig
     from broker.eventlog import EventLog
@@ -94,6 +95,8 @@ class AgentServices(Protocol):
     @property
     def events(self) -> EventLog: ...
     @property
+    def auth(self) -> Authentication: ...
+    @property
     def request_memory(self) -> RequestMemory: ...
     @property
     def meter(self) -> Meter: ...
@@ -136,6 +139,15 @@ class HandlerContext(Protocol):
     def client_id(self) -> str | None: ...
     @property
     def peer(self) -> str: ...
+    @property
+    def listener(self) -> str:
+        """The name of the listener the request came in on (its security protocol)."""
+        ...
+
+    @property
+    def session(self) -> ConnectionAuth | None:
+        """The connection's authentication (None where no connection is, in tests)."""
+        ...
 
     def end_turn(self) -> None:
         """This request has taken effect: the connection's next request may start."""

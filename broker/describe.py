@@ -41,8 +41,13 @@ def partition_entries(agent: AgentServices, topic: topics_layer.Topic) -> list[d
     return entries
 
 
-def broker_entries(agent: AgentServices) -> list[dict[str, Any]]:
-    return [
-        {"node_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
-        for a in agent.live_agents()
-    ]
+def broker_entries(agent: AgentServices, listener: str) -> list[dict[str, Any]]:
+    """The live agents, each at its address on `listener` (the one the request came in
+    on); an agent without that listener is left out, as Kafka leaves out brokers."""
+    entries = []
+    for a in agent.live_agents():
+        endpoint = a.endpoint(listener)
+        if endpoint is not None:
+            host, port = endpoint
+            entries.append({"node_id": a.node_id, "host": host, "port": port, "rack": a.rack})
+    return entries

@@ -34,6 +34,14 @@ INVALID_ACL_REQUEST = "invalid_acl_requests"
 # A request that needed the metadata store while it was unreachable: answered with a
 # retriable error.
 METADATA_UNAVAILABLE = "metadata_unavailable"
+# Authentication (broker.authentication): a client refused (bad credentials, a request
+# before authentication, an unsupported mechanism), and one that authenticated.
+AUTHENTICATION_FAILURE = "authentication_failures"
+AUTHENTICATED = "authentications"
+# A TLS handshake that failed (plaintext on a TLS port, garbage, a refused certificate),
+# and a connection closed before its handshake began (a port probe), not worth a line.
+TLS_HANDSHAKE_FAILURE = "tls_handshake_failures"
+TLS_CLOSED_EARLY = "tls_closed_before_handshake"
 LEVELS = {
     AUTHORIZATION_DENIED: logging.INFO,
     INVALID_ACL_REQUEST: logging.WARNING,
@@ -42,6 +50,10 @@ LEVELS = {
     CLIENT_DISCONNECT: logging.INFO,
     HANDLER_ERROR: logging.ERROR,
     METADATA_UNAVAILABLE: logging.WARNING,
+    AUTHENTICATION_FAILURE: logging.WARNING,
+    AUTHENTICATED: logging.INFO,
+    TLS_HANDSHAKE_FAILURE: logging.WARNING,
+    TLS_CLOSED_EARLY: logging.DEBUG,
 }
 
 

@@ -31,12 +31,15 @@ logger = logging.getLogger(__name__)
 
 
 class AgentRegistry:
-    """Deregisters the agents of one host (its advertised name) by port."""
+    """Deregisters the agents of one host by port; `addresses` maps each agent's port to
+    its primary advertised address (host, port), which it registers under."""
 
-    def __init__(self, metadata_url: str, cluster_name: str, host: str) -> None:
+    def __init__(
+        self, metadata_url: str, cluster_name: str, addresses: dict[int, tuple[str, int]]
+    ) -> None:
         self.metadata_url = metadata_url
         self.sub = keys.cluster_subspace(cluster_name)
-        self.host = host
+        self.addresses = addresses
         self._kv: KV | None = None
         try:
             self._store()
@@ -50,12 +53,12 @@ class AgentRegistry:
 
     def forget(self, port: int) -> None:
         """Deregister the agent on `port`, which has died."""
-        host = self.host
+        host, advertised_port = self.addresses[port]
         node_id = self._store().transact_sync(
-            lambda tr: cluster.deregister_address(tr, self.sub, host, port)
+            lambda tr: cluster.deregister_address(tr, self.sub, host, advertised_port)
         )
         if node_id is not None:
-            logger.info("deregistered agent %d (%s:%d)", node_id, host, port)
+            logger.info("deregistered agent %d (%s:%d)", node_id, host, advertised_port)
 
     def close(self) -> None:
         if self._kv is not None:

@@ -61,7 +61,13 @@ def encode(snapshot: Snapshot) -> bytes:
         "version": _VERSION,
         "cluster_id": snapshot.cluster_id,
         "agents": [
-            {"node_id": a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
+            {
+                "node_id": a.node_id,
+                "host": a.host,
+                "port": a.port,
+                "rack": a.rack,
+                "listeners": [list(endpoint) for endpoint in a.listeners],
+            }
             for a in sorted(snapshot.agents, key=lambda a: a.node_id)
         ],
         "topics": [
@@ -85,7 +91,14 @@ def decode(data: bytes) -> Snapshot:
         return Snapshot(
             cluster_id=str(document["cluster_id"]),
             agents=tuple(
-                AgentInfo(int(a["node_id"]), str(a["host"]), int(a["port"]), a["rack"], 0)
+                AgentInfo(
+                    int(a["node_id"]),
+                    str(a["host"]),
+                    int(a["port"]),
+                    a["rack"],
+                    0,
+                    tuple((str(n), str(h), int(p)) for n, h, p in a.get("listeners", ())),
+                )
                 for a in document["agents"]
             ),
             topics=tuple(

@@ -1,4 +1,4 @@
-"""The agent's server: its listener, its background loops and its lifetime.
+"""The agent's server: its listeners, its background loops and its lifetime.
 
 Each accepted connection is served by `broker.connection.handle_connection`. Every
 background loop belongs to the agent's root task group and stops with it, on
@@ -12,6 +12,7 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ from broker.agent import Agent
 from broker.config import BrokerConfig
 from broker.connection import handle_connection
 from broker.handlers import load_all
+from broker.listeners import format_listeners
 from metadata.kv import KVError
 
 logger = logging.getLogger(__name__)
@@ -54,12 +56,14 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                     " no Ripcord snapshot: the agent cannot start"
                 ) from None
             agent.start_from_snapshot(snapshot)
-        listener = await _listen(config.host, config.port)
+        sockets = [
+            await _listen(listener.host or None, listener.port, str(listener))
+            for listener in config.bound_listeners
+        ]
         logger.info(
-            "bucketlog agent %d listening on %s:%d (cluster %s, metadata %s, storage %s)",
+            "bucketlog agent %d listening on %s (cluster %s, metadata %s, storage %s)",
             agent.node_id,
-            config.host,
-            config.port,
+            format_listeners(config.bound_listeners),
             agent.cluster_id,
             config.resolved_metadata_url,
             config.resolved_storage_url,
@@ -95,10 +99,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                 tg.start_soon(metrics.serve_http, agent, config.host, config.metrics_port)
             tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 
-            async def serve_client(stream: anyio.abc.SocketStream) -> None:
-                await handle_connection(agent, stream)
-
-            tg.start_soon(listener.serve, serve_client)
+            for listener, sock in zip(config.bound_listeners, sockets, strict=True):
+                tg.start_soon(sock.serve, partial(handle_connection, agent, listener=listener))
             if ready is not None:
                 ready()
     finally:
@@ -112,17 +114,21 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             await agent.aclose()
 
 
-async def _listen(host: str, port: int) -> anyio.abc.Listener[anyio.abc.SocketStream]:
-    """Listen on host:port. A port that is in use is tried again for a while: an
-    outgoing connection may hold it for a moment (a peer's probe of this agent's
-    address, registered just before, may have connected a socket to itself there)."""
+async def _listen(
+    host: str | None, port: int, name: str = ""
+) -> anyio.abc.Listener[anyio.abc.SocketStream]:
+    """Listen on host:port (host None: every interface). A port that is in use is tried
+    again for a while: an outgoing connection may hold it for a moment (a peer's probe
+    of this agent's address, registered just before, may have connected a socket to
+    itself there)."""
     give_up = time.monotonic() + LISTEN_RETRY_SECONDS
     while True:
         try:
             return await anyio.create_tcp_listener(local_host=host, local_port=port)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or time.monotonic() > give_up:
-                raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+                where = name or f"{host}:{port}"
+                raise SystemExit(f"cannot listen on {where}: {exc.strerror}") from None
         await anyio.sleep(0.1)
 
 

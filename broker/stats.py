@@ -1,8 +1,9 @@
 """The agent's counters, written once a second to `<data-dir>/stats-<port>.json`.
 
 For benchmarks and operators: objects PUT and GET, cache hits, flushes, metadata
-transactions, the object lifecycle and compaction, and the connections' expected events
-(bad input, clients gone). The file is replaced atomically (write, then rename), only
+transactions, the object lifecycle and compaction, the connections' expected events
+(bad input, clients gone, refused authentications), and authentication successes and
+failures by mechanism. The file is replaced atomically (write, then rename), only
 when a counter changed, so a reader never sees half of it; writing it costs one small
 file per second.
 """
@@ -45,6 +46,8 @@ def snapshot(agent: Agent) -> dict[str, Any]:
             "metadata_reachable": agent.metadata_reachable,
         },
         "connections": dict(agent.events.counts),
+        # Authentication successes and failures by mechanism (SSL: client certificates).
+        "authentication": agent.auth.stats.snapshot(),
         "lifecycle": dict(agent.lifecycle.stats),
         "compaction": dataclasses.asdict(agent.compaction.stats),
         "cleaning": dataclasses.asdict(agent.cleaning.stats),

@@ -1,7 +1,10 @@
 """Cluster identity and the agent registry.
 
 Agents are stateless; each registers its advertised address with a lease that it renews.
-An address keeps its node id across restarts, so clients see stable broker ids. The live
+An address (the first listener's) keeps its node id across restarts, so clients see stable
+broker ids. The record also carries the advertised address of each of the agent's
+listeners; a record without them (written before listeners existed) is a PLAINTEXT
+listener at the agent's address. The live
 agents are those whose lease has not expired; the caller passes the clock in, keeping the
 transaction functions pure.
 """
@@ -13,6 +16,10 @@ from dataclasses import dataclass
 from metadata import keys
 from metadata.kv import ReadTransaction, Transaction
 
+# A listener's advertised endpoint: (listener name, host, port).
+Endpoint = tuple[str, str, int]
+PLAINTEXT = "PLAINTEXT"
+
 
 @dataclass(frozen=True, slots=True)
 class Agent:
@@ -21,6 +28,22 @@ class Agent:
     port: int
     rack: str | None
     lease_expires_ms: int
+    listeners: tuple[Endpoint, ...] = ()  # none: PLAINTEXT at host:port
+
+    def endpoint(self, listener: str) -> tuple[str, int] | None:
+        """Where clients of `listener` reach this agent (None: it has no such listener)."""
+        if not self.listeners:
+            return (self.host, self.port) if listener == PLAINTEXT else None
+        for name, host, port in self.listeners:
+            if name == listener:
+                return host, port
+        return None
+
+
+def _record(
+    host: str, port: int, rack: str | None, expires_ms: int, listeners: tuple[Endpoint, ...]
+) -> bytes:
+    return keys.pack_value((host, port, rack, expires_ms, tuple(listeners)))
 
 
 def ensure_cluster_id(tr: Transaction, sub: keys.Subspace, proposed: str) -> str:
@@ -47,6 +70,7 @@ def register_agent(
     port: int,
     rack: str | None,
     lease_expires_ms: int,
+    listeners: tuple[Endpoint, ...] = (),
 ) -> int:
     """Register (or re-register) the agent at host:port and return its node id."""
     node_key = sub.key(keys.NODE, f"{host}:{port}")
@@ -56,14 +80,14 @@ def register_agent(
         tr.set(node_key, keys.pack_value((node_id,)))
     else:
         node_id = int(keys.unpack_value(raw)[0])
-    tr.set(sub.key(keys.AGENT, node_id), keys.pack_value((host, port, rack, lease_expires_ms)))
+    tr.set(sub.key(keys.AGENT, node_id), _record(host, port, rack, lease_expires_ms, listeners))
     return node_id
 
 
 def renew_lease(tr: Transaction, sub: keys.Subspace, agent: Agent) -> None:
     tr.set(
         sub.key(keys.AGENT, agent.node_id),
-        keys.pack_value((agent.host, agent.port, agent.rack, agent.lease_expires_ms)),
+        _record(agent.host, agent.port, agent.rack, agent.lease_expires_ms, agent.listeners),
     )
 
 
@@ -87,9 +111,10 @@ def live_agents(tr: ReadTransaction, sub: keys.Subspace, now_ms: int) -> list[Ag
     agents = []
     for key, value in tr.get_range(begin, end):
         (node_id,) = sub.unpack(key)[1:]
-        host, port, rack, expires = keys.unpack_value(value)
+        host, port, rack, expires, *rest = keys.unpack_value(value)
+        listeners = tuple((str(n), str(h), int(p)) for n, h, p in rest[0]) if rest else ()
         if expires > now_ms:
-            agents.append(Agent(int(node_id), host, int(port), rack, int(expires)))
+            agents.append(Agent(int(node_id), host, int(port), rack, int(expires), listeners))
     return agents
 
 

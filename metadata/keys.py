@@ -12,7 +12,9 @@ too unless noted.
   (CLUSTER, "tally", name)                         a count kept by atomic adds (little-endian
                                                     int64): objects, object_bytes, chunk_entries
   (NODE, "host:port")                              (node_id,) -- an address keeps its id
-  (AGENT, node_id)                                 (host, port, rack, lease_expires_ms)
+  (AGENT, node_id)                                 (host, port, rack, lease_expires_ms,
+                                                    ((listener, host, port), ...)); the
+                                                    last is missing in older records
   (TOPIC_NAME, name)                               topic id (16 raw bytes)
   (TOPIC, topic_id)                                (name, partition count, created_ms)
   (TOPIC_CONFIG, topic_id, name)                   config value (utf-8 bytes)
@@ -65,6 +67,10 @@ too unless noted.
   (ACL, resource type, pattern type, resource     b"" -- one ACL binding, Kafka's codes
        name, principal, host, operation,           (metadata/acls.py)
        permission)
+  (SCRAM_CREDENTIAL, user, mechanism)              (salt, stored_key, server_key, iterations)
+                                                    of a user's SCRAM credential; mechanism
+                                                    1 SCRAM-SHA-256, 2 SCRAM-SHA-512
+                                                    (metadata/scram.py)
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
@@ -115,6 +121,8 @@ TXN_OFFSET_GROUP = 34
 JOURNAL = 40
 # 50-59: security
 ACL = 50
+# 60-69: authentication
+SCRAM_CREDENTIAL = 60
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:

@@ -61,6 +61,9 @@ _MODULES = (
     "delete_groups",
     "offset_delete",
     "delete_records",
+    "sasl",
+    "scram_credentials",
+    "client_quotas",
 )
 
 

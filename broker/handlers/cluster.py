@@ -83,7 +83,7 @@ async def describe_cluster(request: Any, ctx: HandlerContext) -> Any:
             },
         )
     await agent.refresh_live_agents(max_age=0.0)  # clients act on this answer: keep it current
-    brokers = broker_entries(agent)
+    brokers = broker_entries(agent, ctx.listener)
     include_ops = bool(getattr(request, "include_cluster_authorized_operations", False))
     return build(
         cls,

@@ -23,6 +23,7 @@ from broker.admin import topic_name_error
 from broker.context import AgentServices, HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.listeners import format_listeners
 from broker.topic_configs import (
     CONFIG_TYPE_IDS,
     DEFAULT_CONFIG,
@@ -68,10 +69,15 @@ def broker_config_entries(
     static: list[tuple[str, str | None, str, str]] = [
         ("node.id", str(agent.node_id), "INT", "This agent's node id."),
         ("broker.id", str(agent.node_id), "INT", "This agent's node id."),
-        ("listeners", f"PLAINTEXT://{cfg.host}:{cfg.port}", "STRING", "Where this agent listens."),
+        (
+            "listeners",
+            format_listeners(cfg.bound_listeners),
+            "STRING",
+            "Where this agent listens.",
+        ),
         (
             "advertised.listeners",
-            f"PLAINTEXT://{cfg.advertised}:{cfg.port}",
+            format_listeners(cfg.advertised_endpoints),
             "STRING",
             "The address given to clients.",
         ),

@@ -23,7 +23,7 @@ from broker.handlers import api, response_class
 API_KEY = 10
 
 
-def _answer(agent: AgentServices, key_type: int, key: str) -> dict[str, Any]:
+def _answer(agent: AgentServices, key_type: int, key: str, listener: str) -> dict[str, Any]:
     if key_type not in (GROUP, TRANSACTION):
         return {
             "key": key,
@@ -34,13 +34,24 @@ def _answer(agent: AgentServices, key_type: int, key: str) -> dict[str, Any]:
             "port": -1,
         }
     node = agent.coordinator_for(key)
+    endpoint = node.endpoint(listener)
+    if endpoint is None:  # the coordinator has no address on the client's listener
+        return {
+            "key": key,
+            "error_code": ErrorCode.coordinator_not_available,
+            "error_message": f"The coordinator has no {listener} listener",
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+    host, port = endpoint
     return {
         "key": key,
         "error_code": ErrorCode.none,
         "error_message": None,
         "node_id": node.node_id,
-        "host": node.host,
-        "port": node.port,
+        "host": host,
+        "port": port,
     }
 
 
@@ -55,12 +66,14 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             {
                 "throttle_time": 0,
                 "coordinators": [
-                    _refusal(ctx, key_type, k) or _answer(agent, key_type, k)
+                    _refusal(ctx, key_type, k) or _answer(agent, key_type, k, ctx.listener)
                     for k in request.coordinator_keys
                 ],
             },
         )
-    answer = _refusal(ctx, key_type, request.key) or _answer(agent, key_type, request.key)
+    answer = _refusal(ctx, key_type, request.key) or _answer(
+        agent, key_type, request.key, ctx.listener
+    )
     answer["throttle_time"] = 0
     return build(response_class(request), answer)
 

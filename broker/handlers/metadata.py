@@ -182,7 +182,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         response_class(request),
         {
             "throttle_time": 0,
-            "brokers": broker_entries(agent),
+            "brokers": broker_entries(agent, ctx.listener),
             "cluster_id": agent.cluster_id,
             "controller_id": agent.live_agents()[0].node_id,
             "topics": entries,

@@ -47,7 +47,7 @@ def live_ports(url: str) -> list[int]:
 def test_an_agent_that_dies_is_deregistered_and_one_that_is_stopped_is_not(tmp_path):
     url = f"sqlite://{tmp_path}/metadata.db"
     registered(url, [DIES, STOPPED])
-    registry = AgentRegistry(url, "default", "127.0.0.1")
+    registry = AgentRegistry(url, "default", {p: ("127.0.0.1", p) for p in COMMANDS})
     try:
         status = supervise(COMMANDS, on_exit=OnAgentExit.STOP, grace_s=5, on_death=registry.forget)
     finally:
@@ -59,7 +59,7 @@ def test_an_agent_that_dies_is_deregistered_and_one_that_is_stopped_is_not(tmp_p
 
 def test_a_store_that_cannot_be_reached_leaves_it_to_the_lease(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
-    registry = AgentRegistry("nosuch://store", "default", "127.0.0.1")
+    registry = AgentRegistry("nosuch://store", "default", {p: ("127.0.0.1", p) for p in COMMANDS})
     try:
         status = supervise(COMMANDS, on_exit=OnAgentExit.STOP, grace_s=5, on_death=registry.forget)
     finally:

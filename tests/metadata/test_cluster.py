@@ -47,3 +47,20 @@ def test_deregistering_an_address_no_agent_ever_had_changes_nothing(kv):
     never = kv.transact_sync(lambda tr: cluster.deregister_address(tr, SUB, "127.0.0.1", 9094))
     assert (other_host, never) == (None, None)
     assert live_ports(kv) == [9092]
+
+
+def test_agent_records_carry_listeners_and_old_ones_are_plaintext(kv):
+    listeners = (("PLAINTEXT", "10.0.0.1", 9092), ("SASL_SSL", "broker.example", 9094))
+    kv.transact_sync(
+        lambda tr: cluster.register_agent(tr, SUB, "10.0.0.1", 9092, None, 10_000, listeners)
+    )
+    # A record written before listeners existed: host, port, rack, lease only.
+    kv.transact_sync(
+        lambda tr: tr.set(SUB.key(keys.AGENT, 7), keys.pack_value(("10.0.0.2", 9092, None, 10_000)))
+    )
+    new, old = kv.transact_sync(lambda tr: cluster.live_agents(tr, SUB, 0))
+    assert new.endpoint("SASL_SSL") == ("broker.example", 9094)
+    assert new.endpoint("PLAINTEXT") == ("10.0.0.1", 9092)
+    assert new.endpoint("SSL") is None
+    assert old.endpoint("PLAINTEXT") == ("10.0.0.2", 9092)
+    assert old.endpoint("SASL_SSL") is None

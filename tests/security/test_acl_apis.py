@@ -15,6 +15,7 @@ from kio.schema.errors import ErrorCode
 from broker.authorizer import AclAuthorizer
 from broker.eventlog import EventLog
 from broker.groups.admin import ListedGroup
+from broker.handlers import scram_credentials
 from broker.handlers.acls import create_acls, delete_acls, describe_acls
 from broker.handlers.list_groups import handle as list_groups
 from broker.handlers.txn import describe_transactions
@@ -206,3 +207,30 @@ def test_describe_transactions_needs_describe_on_the_transactional_id(agent):
         ErrorCode.transactional_id_not_found,  # WRITE implies DESCRIBE: looked up
         ErrorCode.transactional_id_authorization_failed,
     ]
+
+
+def test_scram_credential_apis_need_the_clusters_alter_and_describe(agent) -> None:
+    """AlterUserScramCredentials needs ALTER on the cluster, its Describe DESCRIBE, as
+    in Kafka; a super user passes."""
+    upsert = {
+        "deletions": [],
+        "upsertions": [
+            {
+                "name": "bob",
+                "mechanism": 1,
+                "iterations": 8192,
+                "salt": b"s",
+                "salted_password": b"p" * 32,
+            }
+        ],
+    }
+    alice, admin = _Ctx(agent, principal=ALICE, api_version=0), _Ctx(agent, api_version=0)
+    refused = anyio.run(scram_credentials.handle_alter, request(51, 0, **upsert), alice)
+    assert [r.error_code for r in refused.results] == [ErrorCode.cluster_authorization_failed]
+    refused = anyio.run(scram_credentials.handle_describe, request(50, 0, users=None), alice)
+    assert refused.error_code == ErrorCode.cluster_authorization_failed
+    altered = anyio.run(scram_credentials.handle_alter, request(51, 0, **upsert), admin)
+    assert [r.error_code for r in altered.results] == [ErrorCode.none]
+    described = anyio.run(scram_credentials.handle_describe, request(50, 0, users=None), admin)
+    assert described.error_code == ErrorCode.none
+    assert [r.user for r in described.results] == ["bob"]

@@ -571,6 +571,13 @@ EVERY_API = {
         lambda a: a.topics[0].partitions[0].error_code,
         TOPIC_DENIED,
     ),
+    "DescribeClientQuotas": (
+        48,
+        1,
+        {"components": [], "strict": False},
+        lambda a: a.error_code,
+        CLUSTER_DENIED,
+    ),
 }
 
 
