@@ -46,7 +46,13 @@ def jars() -> None:
 def shared_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
     """One agent shared by every integration test; each test uses its own topics."""
     data_dir = tmp_path_factory.mktemp("integration") / "data"
-    broker = BrokerProcess(data_dir=data_dir, port=free_ports(1)[0])
+    # A new group's first rebalance does not wait for more members (3 s by default), as
+    # in Kafka's own test setups: every console consumer and Spark query starts at once.
+    broker = BrokerProcess(
+        data_dir=data_dir,
+        port=free_ports(1)[0],
+        extra_args=["--group-initial-rebalance-delay-ms", "0"],
+    )
     broker.start()
     yield broker
     broker.stop()
