@@ -2,10 +2,12 @@
 listeners: PLAINTEXT, SASL_PLAINTEXT (PLAIN and SCRAM), SSL (client certificates
 required) and SASL_SSL (certificates not asked for, as in Kafka).
 
-confluent-kafka and kafka-python produce and consume over SASL_SSL with SCRAM-SHA-512,
-over SASL_PLAINTEXT with PLAIN and over SSL with a client certificate; aiokafka and kcat
-over SCRAM-SHA-256; credentials are made with AlterUserScramCredentials (and Apache
-Kafka's kafka-configs where Java and its jars are here). Bad credentials, an expired
+confluent-kafka, kafka-python, aiokafka, kcat and the Java console clients produce and
+consume over SASL_SSL with SCRAM-SHA-512, over SASL_PLAINTEXT with PLAIN and over SSL
+with a client certificate (the Java producer over SASL_SSL, its consumer the other two
+ways); aiokafka and kcat over SCRAM-SHA-256 too; credentials are made with
+AlterUserScramCredentials (and Apache Kafka's kafka-configs where Java and its jars are
+here). Bad credentials, an expired
 certificate, plaintext on a TLS port and a request before authentication are refused,
 each with one line, and the PLAINTEXT listener serves on.
 """
@@ -575,7 +577,7 @@ def java_tools() -> None:
         pytest.skip("Java or Apache Kafka's jars (make jars) are not here")
 
 
-def test_java_console_clients_over_sasl_ssl_and_mtls(
+def test_java_console_clients_each_way_in(
     cluster: Cluster, credentials: None, tmp_path: Path
 ) -> None:
     java_tools()
@@ -611,6 +613,101 @@ def test_java_console_clients_over_sasl_ssl_and_mtls(
         "--offset", "earliest", "--max-messages", "2",
     )  # fmt: skip
     assert consumed.stdout.split() == ["java-0", "java-1"]
+    # And over SASL_PLAINTEXT with PLAIN.
+    plain = tmp_path / "plain.properties"
+    plain.write_text(
+        "security.protocol=SASL_PLAINTEXT\n"
+        "sasl.mechanism=PLAIN\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required"
+        ' username="bob" password="bob-secret";\n'
+    )
+    consumed = run_tool(
+        "kafka-console-consumer", "--bootstrap-server", f"127.0.0.1:{cluster.sasl_plaintext}",
+        "--topic", name, "--command-config", str(plain), "--partition", "0",
+        "--offset", "earliest", "--max-messages", "2",
+    )  # fmt: skip
+    assert consumed.stdout.split() == ["java-0", "java-1"]
+
+
+# The three ways in for aiokafka and kcat: (listener attribute, aiokafka settings, kcat
+# settings); SSL contexts are made in the test from the certificates.
+MODES = {
+    "SASL_SSL-SCRAM-SHA-512": (
+        "sasl_ssl",
+        {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+         "sasl_plain_username": "alice", "sasl_plain_password": SECRET},
+        ["security.protocol=SASL_SSL", "sasl.mechanisms=SCRAM-SHA-512",
+         "sasl.username=alice", f"sasl.password={SECRET}"],
+    ),
+    "SASL_PLAINTEXT-PLAIN": (
+        "sasl_plaintext",
+        {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+         "sasl_plain_username": "bob", "sasl_plain_password": "bob-secret"},
+        ["security.protocol=SASL_PLAINTEXT", "sasl.mechanisms=PLAIN",
+         "sasl.username=bob", "sasl.password=bob-secret"],
+    ),
+    "SSL-client-certificate": ("ssl", {"security_protocol": "SSL"}, ["security.protocol=SSL"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_aiokafka_and_kcat_each_way_in(cluster: Cluster, credentials: None, mode: str) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.structs import TopicPartition
+
+    attribute, settings, kcat_settings = MODES[mode]
+    port = getattr(cluster, attribute)
+    certs = cluster.certs
+    extra: dict[str, object] = {}
+    kcat_extra: list[str] = []
+    if "SSL" in settings["security_protocol"]:
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        kcat_extra.append(f"ssl.ca.location={certs.ca}")
+        if settings["security_protocol"] == "SSL":
+            context.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+            kcat_extra += [
+                f"ssl.certificate.location={certs.client_cert}",
+                f"ssl.key.location={certs.client_key}",
+            ]
+        extra["ssl_context"] = context
+    name = topic("aiokafka")
+
+    async def roundtrip() -> list[bytes]:
+        common = {"bootstrap_servers": f"127.0.0.1:{port}", **settings, **extra}
+        producer = AIOKafkaProducer(**common)
+        await producer.start()
+        try:
+            for index in range(3):
+                await producer.send_and_wait(name, b"aiokafka-%d" % index, partition=0)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(**common, group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(name, 0)])
+            await consumer.seek_to_beginning()
+            batches = await consumer.getmany(timeout_ms=10_000, max_records=3)
+            return [r.value for records in batches.values() for r in records]
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(roundtrip()) == expected("aiokafka", 3)
+
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.skip("kcat is not on PATH")
+    name = topic("kcat")
+    command = [kcat, "-b", f"127.0.0.1:{port}", "-t", name]
+    for setting in kcat_settings + kcat_extra:
+        command += ["-X", setting]
+    subprocess.run([*command, "-P"], input=b"kcat-0\nkcat-1\n", check=True, timeout=30)
+    out = subprocess.run(
+        [*command, "-C", "-o", "beginning", "-e", "-c", "2"],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
+    assert out.stdout.split() == [b"kcat-0", b"kcat-1"]
 
 
 def test_kafka_configs_adds_a_scram_user(cluster: Cluster) -> None:
