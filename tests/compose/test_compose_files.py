@@ -269,9 +269,12 @@ def test_ports_line_up(
     for name in AGENTS:
         args = parse_serve(agent_env(dockerfile, compose, name), entrypoint[1:], monkeypatch)
         assert args.agents == 1
+        config = config_from_args(args)
+        assert [str(x) for x in config.bound_listeners] == [f"PLAINTEXT://0.0.0.0:{config.port}"]
         # Published 1:1: the advertised port is the one a host client connects to.
-        assert published(compose["services"][name]) == [(args.port, args.port)]
-        endpoints.append(f"{args.advertised_host}:{args.port}")
+        assert config.advertised_port == config.port
+        assert published(compose["services"][name]) == [(config.port, config.port)]
+        endpoints.append(f"{config.advertised}:{config.advertised_port}")
     assert published(compose["services"]["agent-1"]) == [(exposed, exposed)]
     assert len(set(endpoints)) == len(endpoints)
     # The Spark pipeline is pointed at exactly these agents.
