@@ -286,6 +286,16 @@ async def handle_connection(
     agent: Agent, stream: anyio.abc.ByteStream, listener: Listener = PLAINTEXT
 ) -> None:
     """Serve one client of `listener`: the TLS handshake first on SSL and SASL_SSL."""
+    agent.meter.connected(listener.name)
+    try:
+        await _handle_connection(agent, stream, listener)
+    finally:
+        agent.meter.disconnected(listener.name)
+
+
+async def _handle_connection(
+    agent: Agent, stream: anyio.abc.ByteStream, listener: Listener
+) -> None:
     principal = ANONYMOUS
     if listener.protocol.tls:
         context = agent.auth.tls_contexts[listener.protocol]  # loaded at start

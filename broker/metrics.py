@@ -21,7 +21,7 @@ import bisect
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -103,6 +103,8 @@ class Meter:
         self.requests: defaultdict[tuple[str, str], int] = defaultdict(int)  # (topic, api)
         self.errors: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # +code
         self.request_seconds: defaultdict[str, Histogram] = defaultdict(Histogram)  # by API
+        self.connections_open: defaultdict[str, int] = defaultdict(int)  # by listener
+        self.connections_accepted: defaultdict[str, int] = defaultdict(int)
         self.flush_upload = Histogram()
         self.metadata_commit = Histogram()
         self.flush_end_to_end = Histogram()
@@ -114,6 +116,13 @@ class Meter:
     def fetched(self, topic: str, records: int, size: int) -> None:
         self.records_out[topic] += records
         self.bytes_out[topic] += size
+
+    def connected(self, listener: str) -> None:
+        self.connections_open[listener] += 1
+        self.connections_accepted[listener] += 1
+
+    def disconnected(self, listener: str) -> None:
+        self.connections_open[listener] -= 1
 
     def request(self, topic: str, api: str) -> None:
         self.requests[topic, api] += 1
@@ -131,7 +140,9 @@ class AgentCollector:
         meter: Meter,
         ledger: Ledger | None = None,
         prices: dict[str, float] | None = None,
+        groups: Callable[[], Iterable[tuple[str, Any]]] | None = None,
     ) -> None:
+        self._groups = groups
         self._snapshot = snapshot
         self._meter = meter
         self._ledger = ledger
@@ -140,6 +151,18 @@ class AgentCollector:
     def collect(self) -> Iterator[Metric]:
         yield from _from_stats(self._snapshot())
         yield from _from_meter(self._meter)
+        if self._groups is not None:
+            loaded = [slot.loaded for _name, slot in self._groups() if slot.loaded is not None]
+            yield GaugeMetricFamily(
+                "bucketlog_groups_coordinated",
+                "consumer groups this agent coordinates (loaded)",
+                value=len(loaded),
+            )
+            yield GaugeMetricFamily(
+                "bucketlog_group_members",
+                "members of the groups this agent coordinates",
+                value=sum(len(g.group.members) for g in loaded),
+            )
         if self._ledger is not None:
             yield from _from_ledger(self._ledger, self._prices)
 
@@ -216,6 +239,20 @@ def _from_meter(meter: Meter) -> Iterator[Metric]:
     for (topic, api, code), value in list(meter.errors.items()):
         family.add_metric([topic, api, code], value)
     yield family
+    opened = GaugeMetricFamily(
+        "bucketlog_connections", "client connections open, by listener", labels=["listener"]
+    )
+    for listener, value in list(meter.connections_open.items()):
+        opened.add_metric([listener], value)
+    yield opened
+    accepted = CounterMetricFamily(
+        "bucketlog_connections_accepted",
+        "client connections accepted, by listener",
+        labels=["listener"],
+    )
+    for listener, value in list(meter.connections_accepted.items()):
+        accepted.add_metric([listener], value)
+    yield accepted
     requests = HistogramMetricFamily(
         "bucketlog_request_seconds", "from a request's arrival to its answer", labels=["api"]
     )
@@ -287,7 +324,11 @@ async def serve_http(agent: Agent, host: str, port: int) -> None:
         "DELETE": cfg.price_delete_per_1000,
     }
     ledger = agent.store.ledger if isinstance(agent.store, AccountingStore) else None
-    registry.register(AgentCollector(lambda: stats.snapshot(agent), agent.meter, ledger, prices))
+    registry.register(
+        AgentCollector(
+            lambda: stats.snapshot(agent), agent.meter, ledger, prices, agent.groups.slots
+        )
+    )
     readiness = Readiness(agent)
     try:
         listener = await anyio.create_tcp_listener(local_host=host, local_port=port)

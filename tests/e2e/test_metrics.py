@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from confluent_kafka import Consumer
 from kio.index import load_request_schema
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,7 +56,12 @@ def produce(port: int, topic: str, partition: int, batch: bytes) -> int:
 def test_per_topic_counters_add_up(start_broker) -> None:
     (metrics_port,) = free_ports(1)
     # No cache: each Fetch reads the store, so that GETs are charged to the topics.
-    broker = start_broker(extra_args=["--metrics-port", str(metrics_port), "--cache-bytes", "1"])
+    broker = start_broker(
+        extra_args=[
+            "--metrics-port", str(metrics_port), "--cache-bytes", "1",
+            "--group-initial-rebalance-delay-ms", "0",
+        ]
+    )  # fmt: skip
     assert get(metrics_port, "/healthz") == (200, "ok\n")
     sizes: dict[str, list[tuple[int, int]]] = {"alpha": [], "beta": []}
     for topic, count in (("alpha", 3), ("beta", 2)):
@@ -71,7 +77,20 @@ def test_per_topic_counters_add_up(start_broker) -> None:
         fetched = fetch_raw(broker.port, topic, 0, offset=0)
         assert len(fetched) == sum(n for n, _size in sizes[topic])
 
+    # A group member, coordinated here, on an open connection.
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "metered"})
+    consumer.subscribe(["alpha"])
+    deadline = time.monotonic() + 20
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.2)
+    assert consumer.assignment()
     got = samples(metrics_port)
+    consumer.close()
+    assert got["bucketlog_groups_coordinated", ()] == 1
+    assert got["bucketlog_group_members", ()] == 1
+    assert got["bucketlog_connections", (("listener", "PLAINTEXT"),)] >= 1
+    # raw requests: a connection each (the consumer's come on top)
+    assert got["bucketlog_connections_accepted_total", (("listener", "PLAINTEXT"),)] >= 10
     for topic, batches in sizes.items():
         label = (("topic", topic),)
         records = sum(n for n, _size in batches)
