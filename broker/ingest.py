@@ -136,6 +136,11 @@ class IngestPipeline:
         self._threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self.stats = PipelineStats()
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of the batches accepted and not yet in a flush."""
+        return self._buffered_bytes
+
     async def append(
         self, topic_id: bytes, partition: int, data: bytes | memoryview, view: RecordBatchView
     ) -> AppendResult:
@@ -307,6 +312,7 @@ class IngestPipeline:
         try:
             committed = await self._kv.transact(txn)
             self.meter.metadata_commit.observe(time.monotonic() - began)
+            self.meter.commit_batch.observe(len(group))
             self.stats.commits += 1
         except Exception as exc:  # the metadata store failed: nothing of it is acked
             logger.warning("commit of %d flushes failed: %s", len(group), exc)

@@ -51,6 +51,9 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 
+# Flushes committed together (a group commit), by upper bound.
+COMMIT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
 # The stats that go down as well as up: gauges; every other number is a counter.
 GAUGES = frozenset(
     {
@@ -64,7 +67,7 @@ GAUGES = frozenset(
         ("lifecycle", "cluster_chunk_entries"),
         ("ripcord", "enabled"),
         ("ripcord", "metadata_reachable"),
-        ("put_hedge", "threshold_us"),
+        ("put_hedge", "threshold_seconds"),
     }
 )
 
@@ -108,6 +111,7 @@ class Meter:
         self.flush_upload = Histogram()
         self.metadata_commit = Histogram()
         self.flush_end_to_end = Histogram()
+        self.commit_batch = Histogram(COMMIT_BATCH_BUCKETS)  # flushes per commit
 
     def produced(self, topic: str, records: int, size: int) -> None:
         self.records_in[topic] += records
@@ -141,8 +145,10 @@ class AgentCollector:
         ledger: Ledger | None = None,
         prices: dict[str, float] | None = None,
         groups: Callable[[], Iterable[tuple[str, Any]]] | None = None,
+        buffered: Callable[[], int] | None = None,
     ) -> None:
         self._groups = groups
+        self._buffered = buffered
         self._snapshot = snapshot
         self._meter = meter
         self._ledger = ledger
@@ -151,6 +157,12 @@ class AgentCollector:
     def collect(self) -> Iterator[Metric]:
         yield from _from_stats(self._snapshot())
         yield from _from_meter(self._meter)
+        if self._buffered is not None:
+            yield GaugeMetricFamily(
+                "bucketlog_pipeline_buffer_bytes",
+                "batches accepted and not yet in a flush",
+                value=self._buffered(),
+            )
         if self._groups is not None:
             loaded = [slot.loaded for _name, slot in self._groups() if slot.loaded is not None]
             yield GaugeMetricFamily(
@@ -206,6 +218,8 @@ def _from_stats(stats: dict[str, Any]) -> Iterator[Metric]:
                 value = int(value)
             if not isinstance(value, int | float):
                 continue  # a nested table (histograms of the stats file): not here
+            if name.endswith("_us"):  # microseconds: Prometheus wants seconds
+                name, value = name[: -len("_us")] + "_seconds", value / 1_000_000
             metric = f"bucketlog_{group}_{name}"
             what = f"{group}.{name} of the agent's stats"
             if (group, name) in GAUGES:
@@ -259,6 +273,11 @@ def _from_meter(meter: Meter) -> Iterator[Metric]:
     for api, histogram in list(meter.request_seconds.items()):
         requests.add_metric([api], histogram.buckets(), histogram.total)
     yield requests
+    batches = HistogramMetricFamily(
+        "bucketlog_commit_batch_flushes", "flushes committed in one metadata transaction"
+    )
+    batches.add_metric([], meter.commit_batch.buckets(), meter.commit_batch.total)
+    yield batches
     for name, histogram, what in (
         ("bucketlog_flush_upload_seconds", meter.flush_upload, "a flush's object upload"),
         ("bucketlog_metadata_commit_seconds", meter.metadata_commit, "a flush group's commit"),
@@ -326,7 +345,12 @@ async def serve_http(agent: Agent, host: str, port: int) -> None:
     ledger = agent.store.ledger if isinstance(agent.store, AccountingStore) else None
     registry.register(
         AgentCollector(
-            lambda: stats.snapshot(agent), agent.meter, ledger, prices, agent.groups.slots
+            lambda: stats.snapshot(agent),
+            agent.meter,
+            ledger,
+            prices,
+            agent.groups.slots,
+            lambda: agent.pipeline.buffered_bytes + agent.journal.buffered_bytes,
         )
     )
     readiness = Readiness(agent)

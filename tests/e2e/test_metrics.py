@@ -107,6 +107,9 @@ def test_per_topic_counters_add_up(start_broker) -> None:
     assert got["bucketlog_request_seconds_count", (("api", "Produce"),)] == 6
     assert got["bucketlog_flush_upload_seconds_count", ()] >= 1
     assert got["bucketlog_metadata_commit_seconds_count", ()] >= 1
+    assert got["bucketlog_commit_batch_flushes_count", ()] >= 5
+    assert got["bucketlog_commit_batch_flushes_sum", ()] == 5  # one flush a produce here
+    assert got["bucketlog_pipeline_buffer_bytes", ()] == 0  # all flushed
     assert get(metrics_port, "/nothing")[0] == 404
 
     # The object store's requests, charged to the topics: a flush's PUT to the topic of
