@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.handlers import produce
 from broker.memory import tune_allocator
+from broker.metrics import Meter
 from broker.sync import Promise
 from metadata.log import AppendResult
 from metadata.topics import Topic
@@ -56,11 +57,25 @@ class Pipeline:
         return promise
 
 
+class Journal:
+    async def wait_sequenced(self, topic_id: bytes, partition: int) -> None:
+        return None
+
+
 class Agent:
+    """What the Produce handler asks of an agent, for a classic topic without ACLs."""
+
+    authorizer = None  # authorization off: no check runs
+
     def __init__(self, timestamp_type: str) -> None:
         self.pipeline = Pipeline()
+        self.journal = Journal()
+        self.meter = Meter()
         self.bench = Topic(b"\x01" * 16, "bench", PARTITIONS, {})
         self.configs = {"max.message.bytes": str(2 << 20), "message.timestamp.type": timestamp_type}
+
+    def in_outage(self) -> bool:
+        return False
 
     async def topic(self, name: str, *, fresh: bool = False) -> Topic:
         return self.bench
@@ -74,7 +89,14 @@ def main() -> None:
     body = request_body()
     loop = asyncio.new_event_loop()
     for timestamp_type in ("CreateTime", "LogAppendTime"):
-        ctx = SimpleNamespace(agent=Agent(timestamp_type), api_version=9, end_turn=lambda: None)
+        ctx = SimpleNamespace(
+            agent=Agent(timestamp_type),
+            api_version=9,
+            end_turn=lambda: None,
+            principal="User:ANONYMOUS",
+            peer="127.0.0.1:1",
+            client_id="bench",
+        )
 
         def run(ctx: Any = ctx) -> Any:
             return loop.run_until_complete(produce.handle(body, ctx))
