@@ -55,7 +55,15 @@ def produce_raw(
     """One Produce v9 request, acks=all; returns the base offset (asserts no error)."""
     ensure_topic(port, topic)
     now = int(time.time() * 1000)
-    batch = build_batch([(k, v, [], now) for k, v in records])
+    answer = produce_batch(
+        port, topic, partition, build_batch([(k, v, [], now) for k, v in records])
+    )
+    assert answer.error_code == 0, answer
+    return int(answer.base_offset)
+
+
+def produce_batch(port: int, topic: str, partition: int, batch: bytes) -> Any:
+    """One Produce v9 request of one batch, acks=all; the partition's answer."""
     request = build(
         load_request_schema(0, 9),
         {
@@ -67,10 +75,7 @@ def produce_raw(
             ],
         },
     )
-    response = roundtrip(port, request)
-    answer = response.responses[0].partition_responses[0]
-    assert answer.error_code == 0, answer
-    return int(answer.base_offset)
+    return roundtrip(port, request).responses[0].partition_responses[0]
 
 
 def fetch_raw(

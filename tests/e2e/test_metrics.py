@@ -9,12 +9,10 @@ import urllib.request
 
 import pytest
 from confluent_kafka import Consumer
-from kio.index import load_request_schema
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.entities import build
 from protocol.records import build_batch
-from tests.e2e.rawclient import ensure_topic, fetch_raw, roundtrip
+from tests.e2e.rawclient import ensure_topic, fetch_raw, produce_batch
 from tests.support.brokerproc import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
@@ -39,18 +37,7 @@ def samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def produce(port: int, topic: str, partition: int, batch: bytes) -> int:
-    request = build(
-        load_request_schema(0, 9),
-        {
-            "transactional_id": None,
-            "acks": -1,
-            "timeout": 30_000,
-            "topic_data": [
-                {"name": topic, "partition_data": [{"index": partition, "records": batch}]}
-            ],
-        },
-    )
-    return int(roundtrip(port, request).responses[0].partition_responses[0].error_code)
+    return int(produce_batch(port, topic, partition, batch).error_code)
 
 
 def test_per_topic_counters_add_up(start_broker) -> None:

@@ -15,24 +15,28 @@ from tests.storage.moto_support import TEST_BUCKET
 pytestmark = pytest.mark.store_independent
 
 
-def test_produce_consume_on_s3(start_broker, moto_s3):
-    prefix = f"e2e-{uuid.uuid4().hex}"
-    broker = start_broker(
+def on_s3(start_broker, moto_s3, prefix, *args):
+    """An agent on the moto server's bucket, under `prefix`, with more arguments."""
+    return start_broker(
         extra_args=[
             "--storage",
             f"s3://{TEST_BUCKET}/{prefix}",
             "--s3-endpoint-url",
             moto_s3,
-            "--flush-interval-ms",
-            "20",
-            "--default-partitions",
-            "3",
+            *args,
         ],
         env={
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
         },
+    )
+
+
+def test_produce_consume_on_s3(start_broker, moto_s3):
+    prefix = f"e2e-{uuid.uuid4().hex}"
+    broker = on_s3(
+        start_broker, moto_s3, prefix, "--flush-interval-ms", "20", "--default-partitions", "3"
     )
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
     sent = {}
@@ -77,24 +81,11 @@ def test_slow_puts_are_sent_again_on_s3(start_broker, moto_s3):
     """A flush's PUT that outlasts the 95th percentile of the recent ones is sent a second
     time (storage.hedge, on by default on S3); whichever answers first acknowledges the
     batches, and every record reads back once."""
-    broker = start_broker(
-        extra_args=[
-            "--storage",
-            f"s3://{TEST_BUCKET}/e2e-{uuid.uuid4().hex}",
-            "--s3-endpoint-url",
-            moto_s3,
-            "--flush-interval-ms",
-            "2",
-            # A long tail: median 2 ms, p99 400 ms (a lognormal), drawn per request.
-            "--inject-put-latency-ms",
-            "2,400",
-        ],
-        env={
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        },
-    )
+    # A long tail: median 2 ms, p99 400 ms (a lognormal), drawn per request.
+    broker = on_s3(
+        start_broker, moto_s3, f"e2e-{uuid.uuid4().hex}",
+        "--flush-interval-ms", "2", "--inject-put-latency-ms", "2,400",
+    )  # fmt: skip
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0})
     stats_file = broker.data_dir / f"stats-{broker.port}.json"
     sent = 0

@@ -5,7 +5,7 @@ required) and SASL_SSL (certificates not asked for, as in Kafka).
 confluent-kafka, kafka-python, aiokafka, kcat and the Java console clients produce and
 consume over SASL_SSL with SCRAM-SHA-512, over SASL_PLAINTEXT with PLAIN and over SSL
 with a client certificate (the Java producer over SASL_SSL, its consumer the other two
-ways); aiokafka and kcat over SCRAM-SHA-256 too; credentials are made with
+ways); aiokafka and kcat over SASL_PLAINTEXT with SCRAM-SHA-256 too; credentials are made with
 AlterUserScramCredentials (and Apache Kafka's kafka-configs where Java and its jars are
 here). Bad credentials, an expired
 certificate, plaintext on a TLS port and a request before authentication are refused,
@@ -263,70 +263,6 @@ def test_sasl_plaintext_with_plain(cluster: Cluster) -> None:
     }
     assert kafka_python_roundtrip(cluster.sasl_plaintext, kafka_python) == expected("kafka-python")
     cluster.wait_for_count("authentication", "successes", "PLAIN", above=1)
-
-
-def test_aiokafka_and_kcat_with_scram_sha_256(cluster: Cluster, credentials: None) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.structs import TopicPartition
-
-    name = topic("aiokafka")
-    settings = {
-        "bootstrap_servers": f"127.0.0.1:{cluster.sasl_plaintext}",
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "SCRAM-SHA-256",
-        "sasl_plain_username": "carol",
-        "sasl_plain_password": "carol-pw",
-    }
-
-    async def roundtrip() -> list[bytes]:
-        producer = AIOKafkaProducer(**settings)
-        await producer.start()
-        try:
-            for index in range(3):
-                await producer.send_and_wait(name, b"aiokafka-%d" % index, partition=0)
-        finally:
-            await producer.stop()
-        consumer = AIOKafkaConsumer(**settings, group_id=None, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            consumer.assign([TopicPartition(name, 0)])
-            await consumer.seek_to_beginning()
-            batches = await consumer.getmany(timeout_ms=10_000, max_records=3)
-            return [r.value for records in batches.values() for r in records]
-        finally:
-            await consumer.stop()
-
-    assert asyncio.run(roundtrip()) == expected("aiokafka", 3)
-
-    kcat = shutil.which("kcat")
-    if kcat is None:
-        pytest.skip("kcat is not on PATH")
-    name = topic("kcat")
-    common = [
-        kcat,
-        "-b",
-        f"127.0.0.1:{cluster.sasl_ssl}",
-        "-X",
-        "security.protocol=SASL_SSL",
-        "-X",
-        "sasl.mechanisms=SCRAM-SHA-256",
-        "-X",
-        "sasl.username=carol",
-        "-X",
-        "sasl.password=carol-pw",
-        "-X",
-        f"ssl.ca.location={cluster.certs.ca}",
-        "-t",
-        name,
-    ]
-    subprocess.run([*common, "-P"], input=b"kcat-0\nkcat-1\n", check=True, timeout=30)
-    out = subprocess.run(
-        [*common, "-C", "-o", "beginning", "-e", "-c", "2"],
-        capture_output=True,
-        check=True,
-        timeout=30,
-    )
-    assert out.stdout.split() == [b"kcat-0", b"kcat-1"]
 
 
 # -- refusals ---------------------------------------------------------------------------
@@ -647,6 +583,13 @@ MODES = {
          "sasl.username=bob", "sasl.password=bob-secret"],
     ),
     "SSL-client-certificate": ("ssl", {"security_protocol": "SSL"}, ["security.protocol=SSL"]),
+    "SASL_PLAINTEXT-SCRAM-SHA-256": (
+        "sasl_plaintext",
+        {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
+         "sasl_plain_username": "carol", "sasl_plain_password": "carol-pw"},
+        ["security.protocol=SASL_PLAINTEXT", "sasl.mechanisms=SCRAM-SHA-256",
+         "sasl.username=carol", "sasl.password=carol-pw"],
+    ),
 }  # fmt: skip
 
 
