@@ -53,16 +53,18 @@ def alter(bootstrap: str, topic: str, topic_type: str) -> None:
     admin.alter_configs([resource])[resource].result(30)
 
 
-def read_all(bootstrap: str, topic: str, partitions: int, count: int) -> list[tuple]:
+def read_all(
+    bootstrap: str, topic: str, partitions: int, count: int, timeout: float = 20.0
+) -> list[tuple]:
     """(partition, offset, value) of every record, from offset 0, until `count` came (or
-    20 s), then a little longer so that a duplicate would show."""
+    `timeout` s), then a little longer so that a duplicate would show."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "lt-read", "enable.auto.commit": False}
     )
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         got: list[tuple] = []
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout
         quiet_until = None
         while time.monotonic() < deadline:
             for m in consumer.consume(1000, timeout=0.2):
@@ -260,7 +262,9 @@ def test_an_agent_killed_between_answer_and_sequencing_loses_nothing(tmp_path):
             )
         assert producer.flush(30) == 0 and errors == [None] * 40
         time.sleep(0.5)
-        assert read_all(first.bootstrap, topic, 2, 1) == []  # answered, not sequenced
+        # Answered, not sequenced: nothing to read for 2 s (the sweep runs every 0.3 s,
+        # and leaves a live process's own sequences to it).
+        assert read_all(first.bootstrap, topic, 2, 1, timeout=2.0) == []
         assert first.object_keys("journal/"), "the answered objects are in the store"
     finally:
         first.kill9()
