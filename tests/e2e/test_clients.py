@@ -43,7 +43,12 @@ from tests.e2e.clients_support import (
 
 pytestmark = pytest.mark.slow
 
-CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+# A batch is stored byte for byte whatever its codec, so on S3 (the second pass of make
+# test) the matrix runs with no compression and with zstd only.
+CODECS = [
+    codec if codec in ("none", "zstd") else pytest.param(codec, marks=pytest.mark.store_independent)
+    for codec in ("none", "gzip", "snappy", "lz4", "zstd")
+]
 PARTITION_COUNTS = [1, 32]
 RECORDS = 300
 LARGE = 3 * 1024 * 1024

@@ -236,15 +236,15 @@ def test_aborted_transactions_stay_hidden_in_compacted_objects(start_broker, tmp
 
 
 def test_a_fetch_with_an_index_lookup_from_before_a_compaction_still_reads(start_broker):
-    # Entries an agent read are used for half the delete delay (10 s here); the objects
-    # they name are deleted 20 s after the compaction that replaced them.
+    # Entries an agent read are used for half the delete delay (7 s here); the objects
+    # they name are deleted 14 s after the compaction that replaced them.
     broker = start_broker(
         extra_args=[
             *COMPACT,
             "--compaction-min-age-ms",
             "2500",
             "--object-delete-delay-ms",
-            "20000",
+            "14000",
         ]
     )
     create(broker, "held")
