@@ -2,7 +2,7 @@
 
 The code that calls the store on a topic's behalf says so around the calls:
 
-    with charge({"orders": 3_000, "clicks": 1_000}):    # weights: bytes of each topic
+    with charge(lambda: {"orders": 3_000, "clicks": 1_000}):   # bytes of each topic
         await store.put(key, data)
 
 and `AccountingStore`, the agent's store when metrics are served (`--metrics-port`),
@@ -26,7 +26,7 @@ import builtins
 import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -35,17 +35,25 @@ if TYPE_CHECKING:
 
 UNATTRIBUTED = "(unattributed)"
 
-_charged: ContextVar[Mapping[str, float] | None] = ContextVar("charged_to", default=None)
+Weights = Mapping[str, float]
+_charged: ContextVar[Callable[[], Weights] | None] = ContextVar("charged_to", default=None)
 
 
 @contextlib.contextmanager
-def charge(weights: Mapping[str, float]) -> Iterator[None]:
-    """Store calls within the block are charged to these topics, by weight."""
+def charge(weights: Callable[[], Weights]) -> Iterator[None]:
+    """Store calls within the block are charged to the topics `weights()` gives, by
+    weight. It is called only by an AccountingStore, at a call: without one (no
+    --metrics-port) charging costs the hot paths a context variable and nothing more."""
     token = _charged.set(weights)
     try:
         yield
     finally:
         _charged.reset(token)
+
+
+def _charged_now() -> Weights | None:
+    weights = _charged.get()
+    return None if weights is None else weights()
 
 
 class Ledger:
@@ -96,7 +104,7 @@ class AccountingStore:
         return f"AccountingStore({self.inner!r})"
 
     def _record(self, kind: str, size: int = 0, direction: str = "in") -> None:
-        self.ledger.record(_charged.get(), kind, size, direction)
+        self.ledger.record(_charged_now(), kind, size, direction)
 
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         self._record("PUT", len(data), "in")
@@ -117,7 +125,7 @@ class AccountingStore:
         return data
 
     def open_range_stream(self, key: str, start: int) -> RangeStream:
-        weights = _charged.get()
+        weights = _charged_now()
         self.ledger.record(weights, "GET", 0, "out")
         stream = self.inner.open_range_stream(key, start)  # type: ignore[attr-defined]
         return _ChargedStream(stream, self.ledger, weights)

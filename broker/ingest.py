@@ -202,7 +202,7 @@ class IngestPipeline:
                 # Into the cache first: no reader looks for this key before its commit.
                 self._cache.put(flush.key, flush.data)
                 began = time.monotonic()
-                with charge(self._weights(items)):
+                with charge(partial(self._weights, items)):
                     if self._hedge is not None:
                         await self._hedge.put(flush.key, flush.data, self._threads)
                     else:

@@ -47,6 +47,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -185,6 +186,10 @@ class ReadAhead:
         front.busy = True
         self.stats["requests"] += 1
 
+    def _weights(self, topic_id: bytes) -> dict[str, float]:
+        """A stretch's GETs are its partition's topic's (broker.costs)."""
+        return {self._topic_name(topic_id): 1.0}
+
     def stretch_bytes(self) -> int:
         """The bytes of one stretch: a third of the cache shared among the partitions
         read ahead lately (counted at most once a second)."""
@@ -208,7 +213,7 @@ class ReadAhead:
             async for key, from_offset in receive:
                 front = self._fronts.get(key)
                 try:
-                    with charge({self._topic_name(key[0]): 1.0}):
+                    with charge(partial(self._weights, key[0])):
                         await self._read_stretch(key, from_offset, front)
                 except Exception as exc:  # best effort: the Fetch reads it itself
                     self.stats["failures"] += 1

@@ -17,6 +17,7 @@ from broker import access
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.handlers.errors import error_response
 from metadata.acls import Operation
 
 API_KEY = 48
@@ -49,15 +50,7 @@ def filter_error(components: Any) -> str | None:
 @api(API_KEY, 0, 1)
 async def handle(request: Any, ctx: HandlerContext) -> Any:
     if not access.authorize_cluster(ctx, Operation.DESCRIBE_CONFIGS):
-        return build(
-            response_class(request),
-            {
-                "throttle_time": 0,
-                "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": None,
-                "entries": None,
-            },
-        )
+        return error_response(request, ErrorCode.cluster_authorization_failed)
     problem = filter_error(request.components)
     return build(
         response_class(request),

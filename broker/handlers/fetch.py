@@ -264,13 +264,18 @@ async def _read_once(
             _take_state(agent, p, read)
     owners = [(p, e) for p in partitions for e in p.entries]
     ranges = [(e.object_key, e.start, e.start + e.length) for _p, e in owners]
-    weights: dict[str, float] = {}  # the GETs' charge, by the bytes asked of each topic
+    with charge(lambda: _weights(owners)):
+        blobs = await agent.reader.read_many(ranges) if ranges else []
+    return owners, blobs
+
+
+def _weights(owners: list[tuple[_Partition, log_layer.ChunkEntry]]) -> dict[str, float]:
+    """The GETs' charge (broker.costs), by the bytes asked of each topic."""
+    weights: dict[str, float] = {}
     for p, e in owners:
         if p.topic is not None:
             weights[p.topic.name] = weights.get(p.topic.name, 0) + e.length
-    with charge(weights):
-        blobs = await agent.reader.read_many(ranges) if ranges else []
-    return owners, blobs
+    return weights
 
 
 # -- select -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from broker import access
 from broker.context import HandlerContext
 from broker.entities import build
 from broker.handlers import api, response_class
+from broker.handlers.errors import error_response
 from broker.sasl import MAX_ITERATIONS, MIN_ITERATIONS, SCRAM_TYPES, credential_from_salted
 from metadata import scram
 from metadata.acls import Operation
@@ -40,15 +41,7 @@ def _name_and_mechanism_error(name: str, mechanism: int) -> tuple[ErrorCode, str
 async def handle_describe(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     if not access.authorize_cluster(ctx, Operation.DESCRIBE):
-        return build(
-            response_class(request),
-            {
-                "throttle_time": 0,
-                "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": None,
-                "results": [],
-            },
-        )
+        return error_response(request, ErrorCode.cluster_authorization_failed)
     names = None if not request.users else [user.name for user in request.users]
     found = await agent.kv.read(lambda tr: scram.describe(tr, agent.sub, names))
     results = []

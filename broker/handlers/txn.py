@@ -267,39 +267,31 @@ async def _topic_names(
     return out
 
 
+def _no_state(tid: str, code: ErrorCode) -> dict[str, Any]:
+    """DescribeTransactions' answer for a transactional id it describes nothing of."""
+    return {
+        "error_code": code,
+        "transactional_id": tid,
+        "transaction_state": "",
+        "transaction_timeout": 0,
+        "transaction_start_time": -1,
+        "producer_id": -1,
+        "producer_epoch": -1,
+        "topics": [],
+    }
+
+
 @api(DESCRIBE_TRANSACTIONS, 0, 0)
 async def describe_transactions(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     states = []
     for tid in request.transactional_ids:
         if not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid):
-            states.append(
-                {
-                    "error_code": ErrorCode.transactional_id_authorization_failed,
-                    "transactional_id": tid,
-                    "transaction_state": "",
-                    "transaction_timeout": 0,
-                    "transaction_start_time": -1,
-                    "producer_id": -1,
-                    "producer_epoch": -1,
-                    "topics": [],
-                }
-            )
+            states.append(_no_state(tid, ErrorCode.transactional_id_authorization_failed))
             continue
         txn = await agent.kv.read(partial(txns.get_txn, sub=agent.sub, transactional_id=tid))
         if txn is None:
-            states.append(
-                {
-                    "error_code": ErrorCode.transactional_id_not_found,
-                    "transactional_id": tid,
-                    "transaction_state": "",
-                    "transaction_timeout": 0,
-                    "transaction_start_time": -1,
-                    "producer_id": -1,
-                    "producer_epoch": -1,
-                    "topics": [],
-                }
-            )
+            states.append(_no_state(tid, ErrorCode.transactional_id_not_found))
             continue
         names = await _topic_names(agent, txn.partitions)
         if access.enabled(ctx):  # Kafka lists only the topics one may describe

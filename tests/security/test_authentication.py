@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
+from tests.e2e import wire
 from tests.e2e.wire import ConnectionClosed, WireClient, request
 from tests.security.certs import CLIENT_SUBJECT, Certificates, make_certificates
 from tests.support.brokerproc import BrokerProcess, free_ports
@@ -339,15 +340,7 @@ def test_sasl_handshake_v0_takes_raw_tokens(cluster: Cluster) -> None:
         token = b"\x00bob\x00bob-secret"
         client.send_raw(struct.pack(">i", len(token)) + token)
         assert client.read_frame() == b""  # PLAIN's empty answer: authenticated
-        brokers = client.call(
-            request(
-                3,
-                12,
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            )  # fmt: skip
-        ).brokers
+        brokers = wire.metadata(client, None, allow_auto=False).brokers
         assert sorted(b.port for b in brokers) == [cluster.sasl_plaintext + i for i in range(2)]
     with WireClient(("127.0.0.1", cluster.sasl_plaintext)) as client:
         assert client.call(request(17, 0, mechanism="PLAIN")).error_code == ErrorCode.none
@@ -396,15 +389,7 @@ def test_each_listener_answers_with_its_own_addresses(cluster: Cluster) -> None:
         answer = client.call(request(36, 1, auth_bytes=b"\x00bob\x00bob-secret"))
         assert answer.error_code == ErrorCode.none
         assert answer.session_lifetime.total_seconds() == 0  # no re-authentication
-        brokers = client.call(
-            request(
-                3,
-                12,
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            )  # fmt: skip
-        ).brokers
+        brokers = wire.metadata(client, None, allow_auto=False).brokers
         assert sorted((b.host, b.port) for b in brokers) == [
             ("localhost", cluster.sasl_plaintext + i) for i in range(2)
         ]
@@ -421,22 +406,11 @@ def test_each_listener_answers_with_its_own_addresses(cluster: Cluster) -> None:
         again = client.call(request(17, 1, mechanism="PLAIN"))
         assert again.error_code == ErrorCode.illegal_sasl_state
     with WireClient(("127.0.0.1", cluster.plaintext + 1)) as client:
-        brokers = client.call(
-            request(
-                3,
-                12,
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            )  # fmt: skip
-        ).brokers
+        brokers = wire.metadata(client, None, allow_auto=False).brokers
         assert sorted((b.host, b.port) for b in brokers) == [
             ("127.0.0.1", cluster.plaintext + i) for i in range(2)
         ]
-        apis = client.call(
-            request(18, 3, client_software_name="x", client_software_version="1")
-        ).api_keys
-        versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in apis}
+        versions = wire.api_versions(client)
         assert versions[17] == (0, 1) and versions[36] == (0, 2)
         assert versions[50] == (0, 0) and versions[51] == (0, 0)
         handshake = client.call(request(17, 1, mechanism="PLAIN"))
