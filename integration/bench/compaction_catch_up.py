@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -129,7 +130,14 @@ def main() -> int:
     parser.add_argument("--flushes", type=int, default=1200)
     parser.add_argument("--batch-kib", type=int, default=8)
     args = parser.parse_args()
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-compaction-")) / "data"
+    root = Path(tempfile.mkdtemp(prefix="bench-compaction-"))
+    try:
+        return run(args, root / "data")
+    finally:  # a run leaves gigabytes
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, data_dir: Path) -> int:
     port = free_ports(1)[0]
 
     def start(extra: list[str]) -> BrokerProcess:
