@@ -631,6 +631,17 @@ def measure(system: System, megabytes: float, fn: Any) -> dict[str, Any]:
             result[name] = delta.get(key, 0)
             result[f"{name}_per_gb"] = round(delta.get(key, 0) / gb, 1) if gb else None
             result[f"{name}_per_s"] = round(delta.get(key, 0) / wall, 1)
+        # The GETs the reads made (Fetches and their read-ahead), without those of the
+        # agent's background work (compaction, cleaning) that store.gets counts too.
+        reads = (
+            delta.get("reader.gets", 0)
+            + sum(
+                delta.get(f"read_ahead.{key}", 0) for key in ("objects", "ranges", "streams_opened")
+            )
+            - delta.get("read_ahead.streamed_ranges", 0)
+        )
+        result["read_gets"] = reads
+        result["read_gets_per_gb"] = round(reads / gb, 1) if gb else None
     return result
 
 
