@@ -90,6 +90,7 @@ class Agent:
         self.read_ahead = ReadAhead(
             kv, self.sub, store, self.cache, self.chunks, topic_name=self.topic_name_of
         )
+        self.reader.in_flight = self.read_ahead.in_flight
         self.notifier = Notifier()
         self.events = EventLog(logging.getLogger("broker.connection"))
         self.auth = Authentication.from_config(config)

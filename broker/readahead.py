@@ -125,7 +125,7 @@ class ReadAhead:
         self._store = store
         self._cache = cache
         self._send, self._receive = anyio.create_memory_object_stream[tuple[_Partition, int]](QUEUE)
-        self._reading: set[_Piece] = set()
+        self._reading: dict[_Piece, anyio.Event] = {}  # set once its bytes are cached
         self._fronts: OrderedDict[_Partition, _Front] = OrderedDict()
         self._active = 1
         self._active_counted_at = 0.0
@@ -257,7 +257,7 @@ class ReadAhead:
                 else piece.object_key in self._cache
             ):
                 continue
-            self._reading.add(piece)
+            self._reading[piece] = anyio.Event()
             try:
                 if piece.start is not None and piece.end is not None:
                     record = records.get(piece.object_key)
@@ -265,15 +265,27 @@ class ReadAhead:
                     data = await self._read_range(piece.object_key, piece.start, piece.end, size)
                 else:
                     data = await self._store.get(piece.object_key, 0, None)
+                if piece.start is None:
+                    self._cache.put(piece.object_key, data)
+                    self.stats["objects"] += 1
+                else:
+                    self._cache.put_range(piece.object_key, piece.start, data)
+                    self.stats["ranges"] += 1
+                self.stats["bytes"] += len(data)
             finally:
-                self._reading.discard(piece)
-            if piece.start is None:
-                self._cache.put(piece.object_key, data)
-                self.stats["objects"] += 1
-            else:
-                self._cache.put_range(piece.object_key, piece.start, data)
-                self.stats["ranges"] += 1
-            self.stats["bytes"] += len(data)
+                self._reading.pop(piece).set()
+
+    def in_flight(self, object_key: str, start: int, end: int) -> anyio.Event | None:
+        """The event of a read-ahead GET under way that brings bytes [start, end) of the
+        object into the cache (set once they are there, or the GET failed); None if no
+        GET under way holds them."""
+        for piece, done in self._reading.items():
+            if piece.object_key == object_key and (
+                piece.start is None
+                or (piece.end is not None and piece.start <= start and end <= piece.end)
+            ):
+                return done
+        return None
 
     async def _read_range(self, object_key: str, start: int, end: int, size: int) -> bytes:
         """Bytes [start, end) of an object of `size` bytes: read on from its open stream

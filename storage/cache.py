@@ -15,13 +15,15 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
 from storage.objectstore import ObjectStore, ObjectStoreError
 
 DEFAULT_MAX_GAP = 1024 * 1024
+# The longest a read waits for a GET under way that brings its bytes (RangeReader).
+IN_FLIGHT_WAIT_S = 2.0
 
 
 class ObjectCache:
@@ -141,7 +143,12 @@ class ObjectCache:
 
 
 class RangeReader:
-    """Reads byte ranges of objects: from the cache if possible, else coalesced GETs."""
+    """Reads byte ranges of objects: from the cache if possible, else coalesced GETs.
+
+    A range that is not cached but that a GET under way will bring into the cache (a
+    read-ahead's: `in_flight` names the event set once it is there) is waited for, up to
+    IN_FLIGHT_WAIT_S, rather than read a second time: a consumer catching up would
+    otherwise overtake its read-ahead and read every stretch twice."""
 
     def __init__(
         self,
@@ -149,11 +156,18 @@ class RangeReader:
         cache: ObjectCache | None = None,
         *,
         max_gap: int = DEFAULT_MAX_GAP,
+        in_flight: Callable[[str, int, int], anyio.Event | None] | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
         self.max_gap = max_gap
-        self.stats: dict[str, int] = {"gets": 0, "bytes_got": 0, "cache_reads": 0}
+        self.in_flight = in_flight
+        self.stats: dict[str, int] = {
+            "gets": 0,
+            "bytes_got": 0,
+            "cache_reads": 0,
+            "waited_reads": 0,  # ranges found in the cache after waiting for a GET under way
+        }
 
     @property
     def gets(self) -> int:
@@ -174,6 +188,14 @@ class RangeReader:
             if start < 0 or end < start:
                 raise ValueError(f"bad range [{start}, {end}) of {key!r}")
             cached = self.cache.slice(key, start, end) if self.cache is not None else None
+            if cached is None and self.cache is not None and self.in_flight is not None:
+                done = self.in_flight(key, start, end)
+                if done is not None:
+                    with anyio.move_on_after(IN_FLIGHT_WAIT_S):
+                        await done.wait()
+                    cached = self.cache.slice(key, start, end)
+                    if cached is not None:
+                        self.stats["waited_reads"] += 1
             if cached is not None:
                 results[index] = cached
                 self.stats["cache_reads"] += 1

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+import anyio
 import pytest
 
+from storage import cache as cache_module
 from storage.cache import ObjectCache, RangeReader
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectNotFoundError, ObjectStore
@@ -187,3 +189,64 @@ async def test_missing_object_raises_store_error(local_store: LocalObjectStore) 
         await reader.read_many([("there", 0, 2), ("missing", 0, 10)])
     with pytest.raises(ValueError):
         await reader.read("there", 5, 2)
+
+
+async def _read_ahead_of(
+    store: LocalObjectStore, cache: ObjectCache, key: str, start: int, end: int, done: anyio.Event
+) -> None:
+    """What a read-ahead does: one GET of [start, end), into the cache, then the event."""
+    await anyio.sleep(0.1)  # still under way when the reader asks
+    cache.put_range(key, start, await store.get(key, start, end))
+    done.set()
+
+
+async def test_a_range_a_get_under_way_brings_is_waited_for(
+    local_store: LocalObjectStore,
+) -> None:
+    data = os.urandom(4 * MiB)
+    await local_store.put("obj", data)
+    cache = ObjectCache(64 * MiB)
+    done = anyio.Event()
+    under_way = ("obj", MiB, 3 * MiB)
+
+    def in_flight(key: str, start: int, end: int) -> anyio.Event | None:
+        covers = key == under_way[0] and under_way[1] <= start and end <= under_way[2]
+        return done if covers and not done.is_set() else None
+
+    reader = RangeReader(local_store, cache, in_flight=in_flight)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_read_ahead_of, local_store, cache, *under_way, done)
+        got = await reader.read_many([("obj", MiB + 10, 2 * MiB), ("obj", 0, 100)])
+    assert [bytes(g) for g in got] == [data[MiB + 10 : 2 * MiB], data[:100]]
+    # One GET of the read-ahead, one of the reader for the range it does not cover.
+    assert local_store.stats["gets"] == 2
+    assert reader.stats["gets"] == 1 and reader.stats["waited_reads"] == 1
+
+
+async def test_without_the_hook_the_same_read_gets_it_again(
+    local_store: LocalObjectStore,
+) -> None:
+    data = os.urandom(4 * MiB)
+    await local_store.put("obj", data)
+    cache = ObjectCache(64 * MiB)
+    done = anyio.Event()
+    reader = RangeReader(local_store, cache)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_read_ahead_of, local_store, cache, "obj", MiB, 3 * MiB, done)
+        got = await reader.read_many([("obj", MiB + 10, 2 * MiB)])
+    assert bytes(got[0]) == data[MiB + 10 : 2 * MiB]
+    assert local_store.stats["gets"] == 2 and reader.stats["gets"] == 1
+
+
+async def test_a_get_under_way_that_never_lands_is_waited_for_a_while_only(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cache_module, "IN_FLIGHT_WAIT_S", 0.2)
+    data = os.urandom(MiB)
+    await local_store.put("obj", data)
+    never = anyio.Event()
+    reader = RangeReader(local_store, ObjectCache(64 * MiB), in_flight=lambda *_: never)
+    with anyio.fail_after(5):
+        got = await reader.read_many([("obj", 0, 1000)])
+    assert bytes(got[0]) == data[:1000]
+    assert reader.stats["gets"] == 1 and reader.stats["waited_reads"] == 0
