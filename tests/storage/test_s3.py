@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import AsyncIterator
+from functools import partial
 
+import anyio
 import boto3
 import pytest
 
@@ -89,3 +93,32 @@ async def test_unreachable_endpoint_is_a_store_error() -> None:
     with pytest.raises(ObjectStoreError, match="Could not connect"):
         await store.get("k")
     await store.aclose()
+
+
+async def test_blocking_calls_beside_the_limit_reuse_pooled_connections(
+    s3_store: S3ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The ingest pipeline's uploads and hedges, compaction and cleaning call the *_sync
+    # methods from threads of their own, beside the async calls' limit: with a pool no
+    # larger than that limit, every request beyond it opened a connection and dropped it
+    # after ("Connection pool is full, discarding connection", once per request).
+    data = os.urandom(4 * 1024 * 1024)
+    await s3_store.put("pool/big", data)
+    extra = 20  # blocking calls at once, beside a full limit of async ones
+    start = threading.Barrier(extra)
+
+    def blocking_get() -> bytes:
+        start.wait(timeout=10)
+        return s3_store.get_sync("pool/big")
+
+    caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
+    async with anyio.create_task_group() as tg:
+        for _ in range(extra):
+            tg.start_soon(
+                partial(anyio.to_thread.run_sync, blocking_get, limiter=anyio.CapacityLimiter(1))
+            )
+        for _ in range(16):
+            tg.start_soon(s3_store.get, "pool/big")
+    full = [r for r in caplog.records if "pool is full" in r.getMessage()]
+    assert full == []
+    assert s3_store.stats["gets"] == extra + 16
