@@ -54,7 +54,7 @@ def uniform(members: Mapping[str, MemberSpec], partitions: Mapping[bytes, int]) 
     ids = sorted(members)
     if not ids:
         return {}
-    subscriptions = {members[m].subscribed & partitions.keys() for m in ids}
+    subscriptions = {frozenset(members[m].subscribed & partitions.keys()) for m in ids}
     if len(subscriptions) == 1:
         return _uniform_homogeneous(ids, members, partitions, next(iter(subscriptions)))
     return _uniform_heterogeneous(ids, members, partitions)
@@ -146,7 +146,7 @@ def range_(members: Mapping[str, MemberSpec], partitions: Mapping[bytes, int]) -
         kept: set[int] = set()
         remaining: list[tuple[str, int]] = []
         for m in subscribers:
-            current = sorted(p for tt, p in _valid(members[m], partitions) if tt == t)
+            current = [p for tt, p in _valid(members[m], partitions) if tt == t and p not in kept]
             owned[m].update((t, p) for p in current[:quota])
             kept.update(current[:quota])
             if len(current) > quota and extra > 0:
