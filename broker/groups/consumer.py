@@ -31,10 +31,18 @@ from __future__ import annotations
 import enum
 import functools
 import re
+import uuid
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from re import _parser as _sre_parse  # type: ignore[attr-defined]  # what `re` reads
+from typing import Any
+
+from kio.schema.consumer_group_describe.v0 import response as describe_v0
+from kio.schema.consumer_group_describe.v1 import response as describe_v1
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8, i32
 
 from metadata import consumer_groups as stored
 
@@ -302,3 +310,80 @@ class ConsumerGroup:
             {m.member_id: frozenset(m.target) for m in group.members},
             {n: (t, c) for n, t, c in group.subscription_metadata},
         )
+
+
+# -- ConsumerGroupDescribe and ListGroups ------------------------------------------------
+
+_DESCRIBE = {0: describe_v0, 1: describe_v1}
+
+
+def listed_state(group: ConsumerGroup | None) -> str:
+    """The group's state as ListGroups and the Kafka tools print it."""
+    return str(ConsumerGroupState.DEAD if group is None else group.state)
+
+
+def describe(
+    group: ConsumerGroup | None,
+    group_id: str,
+    topic_names: Mapping[bytes, str],
+    default_assignor: str,
+    version: int = 1,
+) -> describe_v1.DescribedGroup | describe_v0.DescribedGroup:
+    """The ConsumerGroupDescribe answer for one group at `version` (0 or 1); topic names
+    by topic id for the assignments (a topic deleted since is left out)."""
+    schema = _DESCRIBE[version]
+    described: describe_v1.DescribedGroup | describe_v0.DescribedGroup
+    if group is None:
+        described = schema.DescribedGroup(
+            error_code=ErrorCode.group_id_not_found,
+            error_message=f"Group {group_id} not found.",
+            group_id=group_id,
+            group_state="",
+            group_epoch=i32(0),
+            assignment_epoch=i32(0),
+            assignor_name="",
+            members=(),
+        )
+        return described
+
+    def assignment(partitions: Partitions) -> Any:
+        return schema.Assignment(
+            topic_partitions=tuple(
+                schema.TopicPartitions(
+                    topic_id=uuid.UUID(bytes=t),
+                    topic_name=topic_names[t],
+                    partitions=tuple(i32(p) for p in ps),
+                )
+                for t, ps in by_topic(partitions)
+                if t in topic_names
+            )
+        )
+
+    votes = Counter(m.server_assignor for m in group.members.values() if m.server_assignor)
+    members = []
+    for m in group.members.values():
+        fields: dict[str, Any] = dict(
+            member_id=m.member_id,
+            instance_id=m.instance_id,
+            rack_id=m.rack_id,
+            member_epoch=i32(m.member_epoch),
+            client_id=m.client_id,
+            client_host=m.client_host,
+            subscribed_topic_names=m.subscribed_topic_names,
+            subscribed_topic_regex=m.subscribed_topic_regex,
+            assignment=assignment(m.assigned),
+            target_assignment=assignment(group.target.get(m.member_id, frozenset())),
+        )
+        if version >= 1:
+            fields["member_type"] = i8(1)  # a member of the consumer protocol
+        members.append(schema.Member(**fields))
+    described = schema.DescribedGroup(
+        error_code=ErrorCode.none,
+        group_id=group.group_id,
+        group_state=str(group.state),
+        group_epoch=i32(group.group_epoch),
+        assignment_epoch=i32(group.assignment_epoch),
+        assignor_name=votes.most_common(1)[0][0] if votes else default_assignor,
+        members=tuple(members),
+    )
+    return described

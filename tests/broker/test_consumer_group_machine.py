@@ -20,7 +20,9 @@ from broker.groups.consumer import (
     ConsumerGroupState,
     MemberState,
     by_topic,
+    describe,
     from_topics,
+    listed_state,
 )
 from broker.groups.consumer_machine import (
     CancelTimeout,
@@ -484,3 +486,44 @@ def test_random_joins_leaves_and_heartbeats_never_hold_a_partition_twice():
             assert set(held) == expected
             for c in clients.values():
                 assert d.group.members[c.member_id].assigned == c.owned
+
+
+# -- ConsumerGroupDescribe and ListGroups ------------------------------------------------
+
+
+def test_describe_shows_epochs_members_and_both_assignments():
+    d = Driver()
+    a = Client("a", instance_id="inst-a", assignor="range")
+    d.converge([a])
+    b = Client("b")
+    d.beat(b)  # b is waiting for partitions a still holds
+    names = {ORDERS: "orders"}
+    described = describe(d.group, GROUP, names, "uniform", version=1)
+    assert described.error_code is E.none and described.group_state == "Reconciling"
+    assert (described.group_epoch, described.assignment_epoch) == (2, 2)
+    assert described.assignor_name == "range"
+    by_id = {m.member_id: m for m in described.members}
+    assert by_id["a"].instance_id == "inst-a" and by_id["a"].member_type == 1
+    current = {p for tp in by_id["a"].assignment.topic_partitions for p in tp.partitions}
+    target = {p for tp in by_id["a"].target_assignment.topic_partitions for p in tp.partitions}
+    assert current == set(range(12)) and len(target) == 6
+    assert by_id["b"].assignment.topic_partitions == ()
+    assert by_id["a"].assignment.topic_partitions[0].topic_name == "orders"
+    v0 = describe(d.group, GROUP, names, "uniform", version=0)
+    assert not hasattr(v0.members[0], "member_type")
+    missing = describe(None, "nope", names, "uniform")
+    assert missing.error_code is E.group_id_not_found
+
+
+def test_listed_states_are_kafkas():
+    d = Driver()
+    assert listed_state(None) == "Dead"
+    a = Client("a")
+    d.converge([a])
+    assert listed_state(d.group) == "Stable"
+    d.beat(Client("b"))
+    assert listed_state(d.group) == "Reconciling"
+    d.event(SessionExpired("b"))
+    assert listed_state(d.group) == "Assigning"
+    d.send(HeartbeatRequest(GROUP, "a", -1))
+    assert listed_state(d.group) == "Empty"
