@@ -9,17 +9,22 @@ group over needs so that its members notice nothing.
 
 Fencing is the classic groups' (`metadata.groups`): every write names the revision its
 writer last saw (None: "the group must not exist") and a mismatch raises `GroupFenced`.
-Committed offsets stay where every group keeps them (`metadata.groups`), by group id.
+Committed offsets stay where every group keeps them (`metadata.groups`), by group id;
+`commit_offsets` writes them fenced by the consumer group's revision. An Empty group of one
+kind may be taken over by the other (`take_over_classic`, `drop_consumer_group`): the
+record of the one is removed, its offsets stay, and the other is written.
 
 Rules of the transaction functions: pure, no clocks, may run twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from metadata import groups as classic_groups
 from metadata import keys
-from metadata.groups import GroupFenced
+from metadata.groups import CommittedOffset, GroupFenced, OffsetToCommit
 from metadata.kv import ReadTransaction, Transaction
 
 StoredPartitions = tuple[tuple[bytes, int], ...]
@@ -200,3 +205,68 @@ def delete_consumer_group(
     _check_revision(tr, sub, group_id, expected_revision)
     tr.clear(sub.key(keys.CONSUMER_GROUP, group_id))
     tr.clear_range(*sub.range(keys.CONSUMER_GROUP_MEMBER, group_id))
+
+
+def drop_consumer_group(
+    tr: Transaction, sub: keys.Subspace, group_id: str, *, expected_revision: int | None
+) -> None:
+    """Delete an Empty group's record, keeping its committed offsets (a classic group takes
+    the id over)."""
+    _check_revision(tr, sub, group_id, expected_revision)
+    raw = tr.get(sub.key(keys.CONSUMER_GROUP, group_id))
+    begin, end = sub.range(keys.CONSUMER_GROUP_MEMBER, group_id)
+    if raw is not None and tr.get_range(begin, end):
+        raise GroupFenced(group_id, f"consumer group {group_id!r} has members in the store")
+    tr.clear(sub.key(keys.CONSUMER_GROUP, group_id))
+    tr.clear_range(begin, end)
+
+
+def take_over_classic(
+    tr: Transaction,
+    sub: keys.Subspace,
+    group: StoredConsumerGroup,
+    *,
+    classic_revision: int,
+) -> int:
+    """Write a new consumer group in place of the Empty classic group of the same id (at
+    `classic_revision`), keeping its committed offsets; the new revision."""
+    classic_groups.drop_group_record(tr, sub, group.group_id, expected_revision=classic_revision)
+    return put_consumer_group(tr, sub, group, expected_revision=None)
+
+
+def commit_offsets(
+    tr: Transaction,
+    sub: keys.Subspace,
+    group_id: str,
+    offsets: Iterable[OffsetToCommit],
+    *,
+    expected_revision: int,
+    now_ms: int,
+    expire_timestamp_ms: int | None = None,
+) -> None:
+    """Commit offsets for the group, fenced by its revision (the coordinator checked the
+    member and its epoch against the group at that revision)."""
+    _check_revision(tr, sub, group_id, expected_revision)
+    for o in offsets:
+        classic_groups.put_offset(
+            tr,
+            sub,
+            group_id,
+            o.topic,
+            o.partition,
+            CommittedOffset(
+                o.offset, o.leader_epoch, o.metadata, now_ms, expire_timestamp_ms, o.topic_id
+            ),
+        )
+
+
+def delete_consumer_group_and_offsets(
+    tr: Transaction, sub: keys.Subspace, group_id: str, *, expected_revision: int
+) -> int:
+    """DeleteGroups of an Empty group: its record and its committed offsets; how many
+    offsets there were."""
+    drop_consumer_group(tr, sub, group_id, expected_revision=expected_revision)
+    begin, end = sub.range(keys.GROUP_OFFSET, group_id)
+    count = len(tr.get_range(begin, end))
+    tr.clear_range(begin, end)
+    return count

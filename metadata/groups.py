@@ -213,6 +213,16 @@ def delete_group(
     return count
 
 
+def drop_group_record(
+    tr: Transaction, sub: keys.Subspace, group_id: str, *, expected_revision: int | None
+) -> None:
+    """Delete the group record and its members, keeping its committed offsets: an Empty
+    classic group taken over by a consumer-protocol group (`metadata.consumer_groups`)."""
+    _check_revision(tr, sub, group_id, expected_revision)
+    tr.clear(sub.key(keys.GROUP, group_id))
+    tr.clear_range(*sub.range(keys.GROUP_MEMBER, group_id))
+
+
 # -- committed offsets -------------------------------------------------------------------
 
 

@@ -315,11 +315,42 @@ class ConsumerGroup:
 # -- ConsumerGroupDescribe and ListGroups ------------------------------------------------
 
 _DESCRIBE = {0: describe_v0, 1: describe_v1}
+DescribedGroup = describe_v1.DescribedGroup | describe_v0.DescribedGroup
 
 
 def listed_state(group: ConsumerGroup | None) -> str:
     """The group's state as ListGroups and the Kafka tools print it."""
     return str(ConsumerGroupState.DEAD if group is None else group.state)
+
+
+def describe_error(
+    group_id: str, error: ErrorCode, version: int = 1, message: str | None = None
+) -> describe_v1.DescribedGroup | describe_v0.DescribedGroup:
+    """The ConsumerGroupDescribe answer for a group that cannot be described."""
+    described: describe_v1.DescribedGroup | describe_v0.DescribedGroup
+    described = _DESCRIBE[version].DescribedGroup(
+        error_code=error,
+        error_message=message,
+        group_id=group_id,
+        group_state="",
+        group_epoch=i32(0),
+        assignment_epoch=i32(0),
+        assignor_name="",
+        members=(),
+    )
+    return described
+
+
+def describe_not_consumer(
+    group_id: str, version: int = 1
+) -> describe_v1.DescribedGroup | describe_v0.DescribedGroup:
+    """The answer for a group id a classic group has."""
+    return describe_error(
+        group_id,
+        ErrorCode.group_id_not_found,
+        version,
+        f"Group {group_id} is not a consumer group.",
+    )
 
 
 def describe(
@@ -334,17 +365,9 @@ def describe(
     schema = _DESCRIBE[version]
     described: describe_v1.DescribedGroup | describe_v0.DescribedGroup
     if group is None:
-        described = schema.DescribedGroup(
-            error_code=ErrorCode.group_id_not_found,
-            error_message=f"Group {group_id} not found.",
-            group_id=group_id,
-            group_state="",
-            group_epoch=i32(0),
-            assignment_epoch=i32(0),
-            assignor_name="",
-            members=(),
+        return describe_error(
+            group_id, ErrorCode.group_id_not_found, version, f"Group {group_id} not found."
         )
-        return described
 
     def assignment(partitions: Partitions) -> Any:
         return schema.Assignment(

@@ -120,6 +120,12 @@ class GroupOffsets:
         api_version: int,
     ) -> ErrorCode:
         shell = self.shell
+        if slot.consumer is not None:
+            consumer = slot.consumer
+            error = shell.consumers.check_commit(consumer, member_id, generation, api_version)
+            if error is ErrorCode.none and offsets:
+                await shell.consumers.commit(consumer, offsets, retention_ms)
+            return error
         loaded = slot.loaded
         if loaded is None:
             if generation >= 0:
@@ -163,12 +169,15 @@ class GroupOffsets:
         partitions: dict[str, list[int]] | None,
         *,
         require_stable: bool = False,
+        member_id: str | None = None,
+        member_epoch: int = -1,
     ) -> tuple[
         ErrorCode, dict[tuple[str, int], groups_layer.CommittedOffset], set[tuple[str, int]]
     ]:
         """OffsetFetch of some partitions (or all, None): the group error, the committed
         offsets, and -- when stable offsets are required -- the partitions an open
-        transaction holds an offset for (of those asked for, or of those committed)."""
+        transaction holds an offset for (of those asked for, or of those committed).
+        A member id or epoch (v9) is checked against a consumer-protocol group's member."""
         shell = self.shell
 
         def read(
@@ -188,7 +197,12 @@ class GroupOffsets:
 
         try:
             async with shell.locked(group_id, claim=False) as slot:
-                await shell.claim(slot, group_id, load=False)
+                member_given = member_id is not None or member_epoch >= 0
+                await shell.claim(slot, group_id, load=member_given)
+                if member_given and slot.consumer is not None:
+                    error = shell.consumers.check_fetch(slot.consumer, member_id, member_epoch)
+                    if error is not ErrorCode.none:
+                        return error, {}, set()
                 offsets, unstable = await shell.kv.read(read)
         except CoordinatorError as exc:
             return exc.error, {}, set()
