@@ -270,3 +270,30 @@ def delete_consumer_group_and_offsets(
     count = len(tr.get_range(begin, end))
     tr.clear_range(begin, end)
     return count
+
+
+def expire_offsets(
+    tr: Transaction,
+    sub: keys.Subspace,
+    group_id: str,
+    rule: classic_groups.ExpiryRule,
+    *,
+    now_ms: int,
+    expected_revision: int | None,
+    delete_group_when_empty: bool,
+) -> classic_groups.ExpiryResult:
+    """Delete the group's expired offsets (`metadata.groups.expire_offsets`); with
+    `delete_group_when_empty`, an Empty group left without offsets is deleted too."""
+    result = classic_groups.expire_offsets(
+        tr,
+        sub,
+        group_id,
+        rule,
+        now_ms=now_ms,
+        expected_revision=None,
+        delete_group_when_empty=False,
+    )
+    if result.remaining == 0 and delete_group_when_empty:
+        drop_consumer_group(tr, sub, group_id, expected_revision=expected_revision)
+        return replace(result, group_deleted=True)
+    return result

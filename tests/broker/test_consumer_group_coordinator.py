@@ -278,3 +278,25 @@ async def test_a_new_topic_matching_a_regex_is_assigned_on_the_next_heartbeat(h)
     await h.create_topic("in-b", 3)
     answers = await settle(h.coord, answers)
     assert count(answers["a"]) == 5
+
+
+async def test_offsets_expire_by_commit_time_except_subscribed_topics(h):
+    await h.create_topic("t", 1)
+    await h.create_topic("u", 1)
+    answers = await settle(h.coord, {"a": await hb(h.coord, join("a", "t"))})
+    epoch = answers["a"].member_epoch
+    commits = [PartitionCommit("t", 0, 5, -1, ""), PartitionCommit("u", 0, 6, -1, "")]
+    resolve = _resolver(h)
+    result = await h.coord.commit_offsets(
+        "g", epoch, "a", None, commits, resolve_topic=resolve, api_version=9
+    )
+    assert set(result.values()) == {E.none}
+    h.clock.t += SETTINGS.offsets_retention_ms
+    answers = await settle(h.coord, answers)  # a's session goes on
+    assert await h.coord.expire_offsets() == 1  # u's offset: no member subscribes to u
+    _e, offsets, _u = await h.coord.fetch_offsets("g", None)
+    assert set(offsets) == {("t", 0)}
+    await hb(h.coord, beat("a", -1))
+    assert await h.coord.expire_offsets() == 1
+    assert (await h.kv.read(lambda tr: cstore.get_consumer_group(tr, SUB, "g"))) is None
+    assert h.coord.slot("g") is None or h.coord.slot("g").consumer is None
