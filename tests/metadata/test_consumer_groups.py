@@ -76,3 +76,44 @@ def test_with_the_previous_form_only_changes_are_written(kv):
     )
     read = kv.transact_sync(lambda tr: cg.get_consumer_group(tr, SUB, "g"))
     assert read.members == second.members and read.group_epoch == 4
+
+
+def test_a_transactions_offset_goes_to_a_consumer_group_without_a_classic_record(kv):
+    from metadata import groups, topics
+
+    kv.transact_sync(lambda tr: topics.create_topic(tr, SUB, "orders", T, 12, {}, 0))
+    kv.transact_sync(lambda tr: cg.put_consumer_group(tr, SUB, group(), expected_revision=None))
+    kv.transact_sync(
+        lambda tr: groups.apply_offset(tr, SUB, "g", "orders", 3, 17, -1, "", now_ms=1)
+    )
+    assert kv.transact_sync(lambda tr: groups.get_group(tr, SUB, "g")) is None
+    fetched = kv.transact_sync(lambda tr: groups.fetch_offsets(tr, SUB, "g", None))
+    assert fetched[("orders", 3)].offset == 17
+    # A group of neither kind gets a simple classic record, as before.
+    kv.transact_sync(lambda tr: groups.apply_offset(tr, SUB, "h", "orders", 0, 1, -1, "", now_ms=1))
+    assert kv.transact_sync(lambda tr: groups.get_group(tr, SUB, "h")) is not None
+
+
+def test_an_empty_classic_group_is_replaced_keeping_its_offsets(kv):
+    from metadata import groups, topics
+
+    kv.transact_sync(lambda tr: topics.create_topic(tr, SUB, "orders", T, 12, {}, 0))
+    kv.transact_sync(lambda tr: groups.apply_offset(tr, SUB, "g", "orders", 0, 9, -1, "", now_ms=1))
+    classic = kv.transact_sync(lambda tr: groups.get_group(tr, SUB, "g"))
+    with pytest.raises(GroupFenced):
+        kv.transact_sync(
+            lambda tr: cg.take_over_classic(
+                tr, SUB, group(member("a")), classic_revision=classic.revision + 1
+            )
+        )
+    kv.transact_sync(
+        lambda tr: cg.take_over_classic(
+            tr, SUB, group(member("a")), classic_revision=classic.revision
+        )
+    )
+    assert kv.transact_sync(lambda tr: groups.get_group(tr, SUB, "g")) is None
+    assert kv.transact_sync(lambda tr: cg.get_consumer_group(tr, SUB, "g")) is not None
+    fetched = kv.transact_sync(lambda tr: groups.fetch_offsets(tr, SUB, "g", None))
+    assert fetched[("orders", 0)].offset == 9
+    with pytest.raises(GroupFenced):  # it has a member
+        kv.transact_sync(lambda tr: cg.drop_consumer_group(tr, SUB, "g", expected_revision=1))
