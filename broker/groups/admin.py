@@ -188,13 +188,23 @@ class GroupAdmin:
                         answers[(topic_name, partition)] = ErrorCode.unknown_topic_or_partition
                     else:
                         known.append((topic_name, partition))
-                if group is None:
+                consumer = None if slot.consumer is None else slot.consumer.group
+                if group is None and consumer is None:
                     return ErrorCode.group_id_not_found, {}
-                if group.state is not EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                if (
+                    group is not None
+                    and group.state is not EMPTY
+                    and group.protocol_type != CONSUMER_PROTOCOL_TYPE
+                ):
                     return ErrorCode.non_empty_group, {}
                 doomed = []
                 for topic_name, partition in known:
-                    if group.is_subscribed_to_topic(topic_name):
+                    subscribed = (
+                        topic_name in consumer.subscription_metadata
+                        if consumer is not None
+                        else group is not None and group.is_subscribed_to_topic(topic_name)
+                    )
+                    if subscribed:
                         answers[(topic_name, partition)] = ErrorCode.group_subscribed_to_topic
                     else:
                         answers[(topic_name, partition)] = ErrorCode.none

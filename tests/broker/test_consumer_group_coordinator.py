@@ -300,3 +300,20 @@ async def test_offsets_expire_by_commit_time_except_subscribed_topics(h):
     assert await h.coord.expire_offsets() == 1
     assert (await h.kv.read(lambda tr: cstore.get_consumer_group(tr, SUB, "g"))) is None
     assert h.coord.slot("g") is None or h.coord.slot("g").consumer is None
+
+
+async def test_offset_delete_refuses_subscribed_topics(h):
+    await h.create_topic("t", 1)
+    await h.create_topic("u", 1)
+    answers = await settle(h.coord, {"a": await hb(h.coord, join("a", "t"))})
+    epoch = answers["a"].member_epoch
+    commits = [PartitionCommit("t", 0, 5, -1, ""), PartitionCommit("u", 0, 6, -1, "")]
+    resolve = _resolver(h)
+    await h.coord.commit_offsets(
+        "g", epoch, "a", None, commits, resolve_topic=resolve, api_version=9
+    )
+    error, answers = await h.coord.delete_offsets("g", [("t", 0), ("u", 0)], resolve_topic=resolve)
+    assert error == E.none
+    assert answers == {("t", 0): E.group_subscribed_to_topic, ("u", 0): E.none}
+    _e, offsets, _u = await h.coord.fetch_offsets("g", None)
+    assert set(offsets) == {("t", 0)}
