@@ -317,3 +317,39 @@ async def test_offset_delete_refuses_subscribed_topics(h):
     assert answers == {("t", 0): E.group_subscribed_to_topic, ("u", 0): E.none}
     _e, offsets, _u = await h.coord.fetch_offsets("g", None)
     assert set(offsets) == {("t", 0)}
+
+
+def test_the_heartbeat_request_is_read_with_topic_ids_as_bytes():
+    from broker.handlers import consumer_group_heartbeat, load_all
+    from tests.e2e import wire
+
+    registry = load_all()
+    assert (registry[68].min_version, registry[68].max_version) == (0, 1)
+    assert (registry[69].min_version, registry[69].max_version) == (0, 1)
+    topic_id = uuid.uuid4()
+    request = wire.request(
+        68, 1, group_id="g", member_id="m", member_epoch=3, rebalance_timeout=-1,
+        subscribed_topic_names=None, topic_partitions=[{"topic_id": topic_id, "partitions": [2, 0]}],
+    )  # fmt: skip
+    read = consumer_group_heartbeat._request(request)
+    assert read.topic_partitions == ((topic_id.bytes, (2, 0)),)
+    assert read.rebalance_timeout_ms == -1 and read.subscribed_topic_names is None
+
+
+def test_consumer_group_options_are_checked_at_start():
+    from broker.cli import config_from_args, parse_serve_args
+    from broker.config import BrokerConfig
+
+    with pytest.raises(ValueError, match="unknown assignor"):
+        BrokerConfig(group_consumer_assignors=("sticky",))
+    with pytest.raises(ValueError, match="below"):
+        BrokerConfig(group_consumer_heartbeat_interval_ms=50_000)
+    with pytest.raises(SystemExit):
+        parse_serve_args(["serve", "--group-consumer-assignors", "uniform,sticky"])
+    _parser, args = parse_serve_args(
+        ["serve", "--group-consumer-assignors", "range", "--group-consumer-max-size", "7",
+         "--group-consumer-session-timeout-ms", "9000",
+         "--group-consumer-heartbeat-interval-ms", "900"]
+    )  # fmt: skip
+    settings = config_from_args(args).consumer_group_settings
+    assert settings == ConsumerGroupSettings(9000, 900, 7, ("range",))
