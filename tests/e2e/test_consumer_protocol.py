@@ -195,7 +195,7 @@ def test_members_keep_their_partitions_when_the_coordinating_agent_is_killed(sta
             lambda: len(tracker.values()) > processed_at_kill + 300, "consumption after the kill"
         )
         # A heartbeat reached the new coordinator: it loaded the group from the store.
-        wait_for(lambda: heartbeat_describe(survivor, group) == "Stable", "the group loaded", 20)
+        wait_for(lambda: described_state(survivor, group) == "Stable", "the group loaded", 20)
         assert tracker.owned_by() == owned_before
         # Nothing was revoked or lost: the members never noticed.
         now = time.monotonic()
@@ -213,7 +213,7 @@ def test_members_keep_their_partitions_when_the_coordinating_agent_is_killed(sta
     assert [v for v, n in processed.items() if n > 1] == []
 
 
-def heartbeat_describe(port: int, group: str) -> str:
+def described_state(port: int, group: str) -> str:
     with wire.WireClient(("127.0.0.1", port)) as client:
         answer = client.call(
             wire.request(69, 1, group_ids=[group], include_authorized_operations=False)
@@ -309,7 +309,7 @@ def test_bad_heartbeats_get_kafkas_errors_and_the_agent_serves_on(start_broker):
     assert classic.error_code == E.group_id_not_found
     assert classic.error_message == "Group classic-group is not a consumer group."
     assert join(port, "g").error_code == E.inconsistent_group_protocol
-    described = heartbeat_describe(port, "g")
+    described = described_state(port, "g")
     assert described == "Stable"
     again = heartbeat(port, member_epoch=epoch, topic_partitions=None)
     assert again.error_code == E.none and again.member_epoch == epoch
