@@ -170,6 +170,7 @@ class Agent:
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
+        self.consumer_group_settings = config.consumer_group_settings
         self.groups = GroupCoordinator.for_agent(self)
         # None: authorization is off and no request is checked (broker.access).
         self.authorizer: AclAuthorizer | None = (

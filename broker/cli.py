@@ -23,6 +23,7 @@ import anyio
 from broker import logformat
 from broker.authentication import Authentication
 from broker.config import SSL_CLIENT_AUTH, BrokerConfig
+from broker.groups.assignors import ASSIGNORS
 from broker.listeners import format_listeners, parse_listeners
 from broker.registry import AgentRegistry
 from broker.supervisor import DEFAULT_STOP_GRACE_S, OnAgentExit, supervise
@@ -56,6 +57,17 @@ def _positive(value: str) -> int:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
     return number
+
+
+def _assignors(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in ASSIGNORS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown assignor(s) {', '.join(unknown) or '(none given)'}; known: "
+            f"{', '.join(sorted(ASSIGNORS))}"
+        )
+    return names
 
 
 def _on_agent_exit(value: str) -> OnAgentExit:
@@ -412,6 +424,33 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "how often committed offsets are checked for expiry",
     ),
     (
+        "group-consumer-session-timeout-ms",
+        _positive,
+        45_000,
+        "session timeout of consumer-protocol (KIP-848) group members"
+        " (group.consumer.session.timeout.ms)",
+    ),
+    (
+        "group-consumer-heartbeat-interval-ms",
+        _positive,
+        5_000,
+        "heartbeat interval given to consumer-protocol group members"
+        " (group.consumer.heartbeat.interval.ms)",
+    ),
+    (
+        "group-consumer-max-size",
+        _positive,
+        2**31 - 1,
+        "most members of one consumer-protocol group (group.consumer.max.size)",
+    ),
+    (
+        "group-consumer-assignors",
+        _assignors,
+        "uniform,range",
+        "server-side assignors of consumer-protocol groups, comma-separated, the first the"
+        " default (group.consumer.assignors: uniform, range)",
+    ),
+    (
         "super-users",
         str,
         "",
@@ -623,6 +662,12 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         offsets_retention_minutes=args.offsets_retention_minutes,
         offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
+        group_consumer_session_timeout_ms=args.group_consumer_session_timeout_ms,
+        group_consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
+        group_consumer_max_size=args.group_consumer_max_size,
+        group_consumer_assignors=_assignors(args.group_consumer_assignors)
+        if isinstance(args.group_consumer_assignors, str)
+        else args.group_consumer_assignors,
         authorizer=args.authorizer,
         super_users=_super_users(args.super_users or ""),
         allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,

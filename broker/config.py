@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from broker.groups.assignors import ASSIGNORS
+from broker.groups.settings import ConsumerGroupSettings
 from broker.listeners import Listener, SecurityProtocol, advertised_for
 
 # SASL mechanisms this broker can serve (Kafka's sasl.enabled.mechanisms names).
@@ -116,6 +118,11 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3_000
     offsets_retention_minutes: float = 7 * 24 * 60
     offsets_retention_check_interval_ms: int = 600_000
+    # Consumer-protocol groups (KIP-848), Apache Kafka's group.consumer.* and defaults.
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_max_size: int = 2**31 - 1
+    group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
     # Authorization (broker.authorizer): off unless `authorizer`; then Kafka's super.users
     # and allow.everyone.if.no.acl.found.
     authorizer: bool = False
@@ -136,7 +143,23 @@ class BrokerConfig:
     sasl_enabled_mechanisms: tuple[str, ...] | None = None
     sasl_plain_users: str | None = None  # a file of name:password lines
 
+    @property
+    def consumer_group_settings(self) -> ConsumerGroupSettings:
+        return ConsumerGroupSettings(
+            session_timeout_ms=self.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=self.group_consumer_heartbeat_interval_ms,
+            max_size=self.group_consumer_max_size,
+            assignors=self.group_consumer_assignors,
+        )
+
     def __post_init__(self) -> None:
+        settings = self.consumer_group_settings  # its own checks, at start
+        unknown = [a for a in settings.assignors if a not in ASSIGNORS]
+        if unknown:
+            raise ValueError(
+                f"--group-consumer-assignors: unknown assignor(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(ASSIGNORS))}"
+            )
         if self.put_hedge_percentile is not None and not 0 <= self.put_hedge_percentile < 100:
             raise ValueError(
                 f"--put-hedge-percentile must be at least 0 and below 100, not"

@@ -271,6 +271,7 @@ _COORDINATOR_APIS = frozenset(
         28,  # TxnOffsetCommit
         42,  # DeleteGroups
         68,  # ConsumerGroupHeartbeat
+        69,  # ConsumerGroupDescribe
     }
 )
 

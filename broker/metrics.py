@@ -164,16 +164,19 @@ class AgentCollector:
                 value=self._buffered(),
             )
         if self._groups is not None:
-            loaded = [slot.loaded for _name, slot in self._groups() if slot.loaded is not None]
+            slots = [slot for _name, slot in self._groups()]
+            loaded = [s.loaded for s in slots if s.loaded is not None]
+            consumers = [s.consumer for s in slots if s.consumer is not None]
             yield GaugeMetricFamily(
                 "bucketlog_groups_coordinated",
-                "consumer groups this agent coordinates (loaded)",
-                value=len(loaded),
+                "consumer groups this agent coordinates (loaded; both protocols)",
+                value=len(loaded) + len(consumers),
             )
             yield GaugeMetricFamily(
                 "bucketlog_group_members",
                 "members of the groups this agent coordinates",
-                value=sum(len(g.group.members) for g in loaded),
+                value=sum(len(g.group.members) for g in loaded)
+                + sum(len(c.group.members) for c in consumers),
             )
         if self._ledger is not None:
             yield from _from_ledger(self._ledger, self._prices)

@@ -213,6 +213,16 @@ def delete_group(
     return count
 
 
+def drop_group_record(
+    tr: Transaction, sub: keys.Subspace, group_id: str, *, expected_revision: int | None
+) -> None:
+    """Delete the group record and its members, keeping its committed offsets: an Empty
+    classic group taken over by a consumer-protocol group (`metadata.consumer_groups`)."""
+    _check_revision(tr, sub, group_id, expected_revision)
+    tr.clear(sub.key(keys.GROUP, group_id))
+    tr.clear_range(*sub.range(keys.GROUP_MEMBER, group_id))
+
+
 # -- committed offsets -------------------------------------------------------------------
 
 
@@ -315,13 +325,14 @@ def apply_offset(
     """Make an offset committed by a transaction (TxnOffsetCommit) a group offset.
 
     No generation check: the transaction was checked when the offset was added to it. A
-    group that does not exist yet gets a simple group record, as when Kafka replays an
-    offset commit for an unknown group. An offset for a topic that is gone is dropped.
+    group that does not exist yet (neither classic nor consumer-protocol) gets a simple
+    group record, as when Kafka replays an offset commit for an unknown group. An offset for a topic that is gone is dropped.
     """
     topic_id = tr.get(sub.key(keys.TOPIC_NAME, topic))
     if topic_id is None:
         return
-    if tr.get(sub.key(keys.GROUP, group_id)) is None:
+    consumer_group = tr.get(sub.key(keys.CONSUMER_GROUP, group_id)) is not None
+    if tr.get(sub.key(keys.GROUP, group_id)) is None and not consumer_group:
         put_group(
             tr,
             sub,

@@ -53,6 +53,18 @@ too unless noted.
   (GROUP_OFFSET, group_id, topic name, partition)  (offset, leader_epoch, metadata,
                                                     commit_timestamp_ms, expire_timestamp_ms or
                                                     None, topic_id)
+  (CONSUMER_GROUP, group_id)                       (group_epoch, assignment_epoch,
+                                                    ((topic name, topic_id, partitions), ...),
+                                                    revision) -- a consumer-protocol group
+                                                    (KIP-848); a group id is never both this
+                                                    and a GROUP
+  (CONSUMER_GROUP_MEMBER, group_id, member_id)     (instance_id, rack_id, client_id,
+                                                    client_host, (topic name, ...), regex,
+                                                    server assignor, rebalance_timeout_ms,
+                                                    member epoch, previous member epoch,
+                                                    state, assigned, pending revocation,
+                                                    target) -- the last three as
+                                                    ((topic_id, partition), ...)
   (TXN, transactional_id)                          (producer_id, epoch, state, timeout_ms,
                                                     started_ms, updated_ms,
                                                     ((topic_id, partition), ...), (group, ...))
@@ -113,6 +125,8 @@ CLEANER = 18
 GROUP = 20
 GROUP_MEMBER = 21
 GROUP_OFFSET = 22
+CONSUMER_GROUP = 23
+CONSUMER_GROUP_MEMBER = 24
 TXN = 30
 TXN_OPEN = 31
 ABORTED = 32

@@ -3,6 +3,11 @@
 Each agent describes and lists only the groups it coordinates (a client asks every agent
 and merges). A group is deleted only when Empty, with its committed offsets; a consumer
 group with members keeps the offsets of topics it subscribes to.
+
+Consumer-protocol groups (KIP-848) are listed with type "consumer", protocol type
+"consumer" and their own states (Empty, Assigning, Reconciling, Stable). DescribeGroups
+(v0-v5) describes one as Apache Kafka 4.x does at those versions: Dead, without error
+(ConsumerGroupDescribe is the API that describes it).
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from broker.groups import consumer as consumer_values
 from broker.groups.classic import CONSUMER_PROTOCOL_TYPE, GroupState
 from broker.groups.loaded import CoordinatorError, CoordinatorShell, TopicResolver
+from metadata import consumer_groups as consumer_layer
 from metadata import groups as groups_layer
 
 logger = logging.getLogger(__name__)
@@ -96,9 +103,23 @@ class GroupAdmin:
     async def list_groups(self) -> list[ListedGroup]:
         """The groups this agent coordinates (a client asks every agent and merges)."""
         shell = self.shell
-        stored = await shell.kv.read(lambda tr: groups_layer.list_groups(tr, shell.sub))
+        stored, consumers = await shell.kv.read(
+            lambda tr: (
+                groups_layer.list_groups(tr, shell.sub),
+                consumer_layer.list_consumer_groups(tr, shell.sub),
+            )
+        )
         await shell.placement.refresh()
         listed: dict[str, ListedGroup] = {}
+        loaded = {group_id for group_id, slot in shell.slots() if slot.consumer is not None}
+        for record in consumers:
+            if shell.placement.is_local(record.group_id) and record.group_id not in loaded:
+                # Its state needs its members: the group is loaded (as on any request).
+                try:
+                    async with shell.locked(record.group_id):
+                        pass
+                except CoordinatorError:
+                    continue
         for header in stored:
             if shell.placement.is_local(header.group_id):
                 listed[header.group_id] = ListedGroup(
@@ -107,6 +128,14 @@ class GroupAdmin:
                     _stored_state_as_loaded(header.state, header.state != groups_layer.EMPTY),
                 )
         for group_id, slot in shell.slots():
+            if slot.consumer is not None and shell.placement.is_local(group_id):
+                listed[group_id] = ListedGroup(
+                    group_id,
+                    consumer_values.PROTOCOL_TYPE,
+                    consumer_values.listed_state(slot.consumer.group),
+                    consumer_values.GROUP_TYPE,
+                )
+                continue
             group = None if slot.loaded is None else slot.loaded.group
             if group is not None and group.state is not DEAD:
                 if shell.placement.is_local(group_id):
@@ -119,6 +148,8 @@ class GroupAdmin:
         shell = self.shell
         try:
             async with shell.locked(group_id) as slot:
+                if slot.consumer is not None:
+                    return await shell.consumers.delete(slot)
                 if slot.loaded is None:
                     return ErrorCode.group_id_not_found
                 if slot.loaded.group.state is not EMPTY:
@@ -157,13 +188,23 @@ class GroupAdmin:
                         answers[(topic_name, partition)] = ErrorCode.unknown_topic_or_partition
                     else:
                         known.append((topic_name, partition))
-                if group is None:
+                consumer = None if slot.consumer is None else slot.consumer.group
+                if group is None and consumer is None:
                     return ErrorCode.group_id_not_found, {}
-                if group.state is not EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                if (
+                    group is not None
+                    and group.state is not EMPTY
+                    and group.protocol_type != CONSUMER_PROTOCOL_TYPE
+                ):
                     return ErrorCode.non_empty_group, {}
                 doomed = []
                 for topic_name, partition in known:
-                    if group.is_subscribed_to_topic(topic_name):
+                    subscribed = (
+                        topic_name in consumer.subscription_metadata
+                        if consumer is not None
+                        else group is not None and group.is_subscribed_to_topic(topic_name)
+                    )
+                    if subscribed:
                         answers[(topic_name, partition)] = ErrorCode.group_subscribed_to_topic
                     else:
                         answers[(topic_name, partition)] = ErrorCode.none

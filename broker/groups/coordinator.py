@@ -1,4 +1,5 @@
-"""The group coordinator of one agent: the shell that runs the classic group machine.
+"""The group coordinator of one agent: the shell that runs the classic group machine (and,
+through `consumer_coordinator`, the consumer group machine of KIP-848 groups).
 
 `classic_machine` decides every transition of a group and says what must happen; this
 module does it: it owns the per-group locks, checks that this agent coordinates a group,
@@ -82,6 +83,9 @@ from broker.groups.classic_machine import (
     Unload,
     check_join,
 )
+from broker.groups.consumer import DescribedGroup as DescribedConsumerGroup
+from broker.groups.consumer_coordinator import ConsumerGroups, TopicsSource
+from broker.groups.consumer_machine import HeartbeatAnswer, HeartbeatRequest
 from broker.groups.loaded import (
     CoordinatorError,
     GroupSlot,
@@ -90,12 +94,13 @@ from broker.groups.loaded import (
 )
 from broker.groups.offsets import GroupOffsets, PartitionCommit
 from broker.groups.placement import AgentPlacement, PlacedAgent, Placement
-from broker.groups.settings import Clock, GroupConfig, GroupSettings
+from broker.groups.settings import Clock, ConsumerGroupSettings, GroupConfig, GroupSettings
 from broker.groups.timer import Timer
 from broker.sync import Promise
+from metadata import consumer_groups as consumer_layer
 from metadata import groups as groups_layer
 from metadata.keys import Subspace
-from metadata.kv import KV, KVError
+from metadata.kv import KV, KVError, ReadTransaction
 
 __all__ = [
     "Clock",
@@ -124,6 +129,8 @@ class CoordinatingAgent(PlacedAgent, Protocol):
     def sub(self) -> Subspace: ...
     @property
     def config(self) -> GroupConfig: ...
+    @property
+    def consumer_group_settings(self) -> ConsumerGroupSettings: ...
 
 
 def new_member_id(client_id: str, instance_id: str | None) -> str:
@@ -144,6 +151,8 @@ class GroupCoordinator:
         settings: GroupSettings,
         placement: Placement,
         clock: Clock | None = None,
+        consumer_settings: ConsumerGroupSettings | None = None,
+        topics: TopicsSource | None = None,
     ) -> None:
         self.kv = kv
         self.sub = sub
@@ -156,11 +165,16 @@ class GroupCoordinator:
         self._wake = anyio.Event()
         self.offsets = GroupOffsets(self)
         self.admin = GroupAdmin(self)
+        self.consumers = ConsumerGroups(self, consumer_settings or ConsumerGroupSettings(), topics)
 
     @classmethod
     def for_agent(cls, agent: CoordinatingAgent) -> GroupCoordinator:
         return cls(
-            agent.kv, agent.sub, GroupSettings.from_config(agent.config), AgentPlacement(agent)
+            agent.kv,
+            agent.sub,
+            GroupSettings.from_config(agent.config),
+            AgentPlacement(agent),
+            consumer_settings=agent.consumer_group_settings,
         )
 
     # -- plumbing ------------------------------------------------------------------------
@@ -171,6 +185,9 @@ class GroupCoordinator:
 
     def slots(self) -> Iterable[tuple[str, GroupSlot]]:
         return self._slots.items()
+
+    def slot(self, group_id: str) -> GroupSlot | None:
+        return self._slots.get(group_id)
 
     async def _owns(self, group_id: str) -> bool:
         await self.placement.refresh()
@@ -220,15 +237,27 @@ class GroupCoordinator:
         if not await self._owns(group_id):
             self._unload(slot, ErrorCode.not_coordinator)
             raise CoordinatorError(ErrorCode.not_coordinator)
-        if slot.loaded is None and load:
-            stored = await self.kv.read(lambda tr: groups_layer.get_group(tr, self.sub, group_id))
+        if slot.loaded is None and slot.consumer is None and load:
+
+            def read(
+                tr: ReadTransaction,
+            ) -> tuple[groups_layer.StoredGroup | None, consumer_layer.StoredConsumerGroup | None]:
+                return (
+                    groups_layer.get_group(tr, self.sub, group_id),
+                    consumer_layer.get_consumer_group(tr, self.sub, group_id),
+                )
+
+            stored, consumer = await self.kv.read(read)
             if stored is not None:
                 transition = self.machine.handle(None, Load(stored), self.clock.now_ms())
                 assert transition.group is not None
                 slot.loaded = LoadedGroup(transition.group, stored.revision)
                 await self.apply(slot, transition)
+            elif consumer is not None:
+                self.consumers.load(slot, consumer)
 
     def _unload(self, slot: GroupSlot, error: ErrorCode) -> None:
+        self.consumers.unload(slot)
         loaded = slot.loaded
         if loaded is None:
             return
@@ -309,6 +338,13 @@ class GroupCoordinator:
             lambda tr: groups_layer.put_group(tr, self.sub, stored, expected_revision=expected)
         )
 
+    def schedule(
+        self, key: tuple[str, object], delay_ms: int, fire: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Run `fire` in `delay_ms` (replacing what was scheduled with the same key)."""
+        self.timer.schedule(key, self.clock.monotonic_ms() + delay_ms, fire)
+        self._wake.set()
+
     def _schedule(self, loaded: LoadedGroup, timeout: Timeout, delay_ms: int) -> None:
         """Hand `timeout` back to the machine when it is due, if the group is still loaded."""
         group_id = loaded.group.group_id
@@ -376,12 +412,13 @@ class GroupCoordinator:
         """Unload the groups another agent coordinates now."""
         await self.placement.refresh()
         for group_id, slot in list(self._slots.items()):
-            if slot.loaded is not None and not self.placement.is_local(group_id):
+            held = slot.loaded is not None or slot.consumer is not None
+            if held and not self.placement.is_local(group_id):
                 async with slot.lock:
-                    if slot.loaded is not None:
+                    if slot.loaded is not None or slot.consumer is not None:
                         logger.info("group %r is coordinated by another agent now", group_id)
                         self._unload(slot, ErrorCode.not_coordinator)
-            if slot.loaded is None and not slot.lock.locked():
+            if slot.loaded is None and slot.consumer is None and not slot.lock.locked():
                 self._slots.pop(group_id, None)
 
     # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ---------------------------------------
@@ -394,6 +431,9 @@ class GroupCoordinator:
         new_id = "" if req.member_id else new_member_id(req.client_id, req.group_instance_id)
         try:
             async with self.locked(req.group_id) as slot:
+                refused = await self.consumers.yield_to_classic(slot)
+                if refused is not ErrorCode.none:
+                    return JoinResult(refused, member_id=req.member_id)
                 group = None if slot.loaded is None else slot.loaded.group
                 event = JoinGroup(req, new_id)
                 await self.apply(
@@ -466,6 +506,16 @@ class GroupCoordinator:
         error, answers = await answer.wait()
         return error, list(answers)
 
+    # -- ConsumerGroupHeartbeat and ConsumerGroupDescribe (KIP-848) ------------------------
+
+    async def consumer_heartbeat(
+        self, req: HeartbeatRequest, client_id: str, client_host: str, api_version: int
+    ) -> HeartbeatAnswer:
+        return await self.consumers.heartbeat(req, client_id, client_host, api_version)
+
+    async def consumer_describe(self, group_id: str, version: int) -> DescribedConsumerGroup:
+        return await self.consumers.describe(group_id, version)
+
     # -- offsets and admin ---------------------------------------------------------------
 
     async def commit_offsets(
@@ -491,10 +541,18 @@ class GroupCoordinator:
         partitions: dict[str, list[int]] | None,
         *,
         require_stable: bool = False,
+        member_id: str | None = None,
+        member_epoch: int = -1,
     ) -> tuple[
         ErrorCode, dict[tuple[str, int], groups_layer.CommittedOffset], set[tuple[str, int]]
     ]:
-        return await self.offsets.fetch(group_id, partitions, require_stable=require_stable)
+        return await self.offsets.fetch(
+            group_id,
+            partitions,
+            require_stable=require_stable,
+            member_id=member_id,
+            member_epoch=member_epoch,
+        )
 
     async def expire_offsets(self) -> int:
         """One pass of offsets retention over the groups this agent coordinates."""

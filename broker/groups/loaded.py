@@ -1,7 +1,7 @@
 """What the coordinator holds for each group, and what its offsets and admin parts may use.
 
 A group's slot is its lock and, while this agent coordinates the group, the group as
-loaded: the machine's state of it, the revision of its record in the store (the fence of
+loaded (a consumer-protocol group is `consumer_coordinator`'s): the machine's state of it, the revision of its record in the store (the fence of
 every write), and the promises of the JoinGroup and SyncGroup requests parked on it, by
 member id (the machine names a parked request by its member only).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 from kio.schema.errors import ErrorCode
@@ -27,6 +27,9 @@ from broker.sync import Promise
 from metadata import topics
 from metadata.keys import Subspace
 from metadata.kv import KV
+
+if TYPE_CHECKING:
+    from broker.groups.consumer_coordinator import ConsumerGroups, LoadedConsumerGroup
 
 A = TypeVar("A")
 TopicResolver = Callable[[str], Awaitable[topics.Topic | None]]
@@ -108,7 +111,8 @@ class LoadedGroup:
 @dataclass(eq=False, slots=True)
 class GroupSlot:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    loaded: LoadedGroup | None = None
+    loaded: LoadedGroup | None = None  # a classic group
+    consumer: LoadedConsumerGroup | None = None  # a consumer-protocol group (never both)
 
 
 class CoordinatorShell(Protocol):
@@ -118,6 +122,7 @@ class CoordinatorShell(Protocol):
     placement: Placement
     clock: Clock
     machine: ClassicGroupMachine
+    consumers: ConsumerGroups
 
     def locked(
         self, group_id: str, *, claim: bool = True

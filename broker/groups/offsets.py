@@ -5,13 +5,15 @@ or a simple commit with generation -1 to a group without members) and written in
 transaction that checks the stored generation again, so a coordinator that lost the group
 cannot commit for a generation that is gone. Retention deletes expired offsets of the
 groups this agent coordinates, and an Empty group with them (Apache Kafka's rules, in
-`ClassicGroup.expiry_rule`).
+`ClassicGroup.expiry_rule`; for consumer-protocol groups by commit time, except the
+offsets of topics a member subscribes to).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 from kio.schema.errors import ErrorCode
@@ -26,6 +28,10 @@ from broker.groups.loaded import (
     TopicResolver,
 )
 from broker.sync import Promise
+
+if TYPE_CHECKING:
+    from broker.groups.consumer_coordinator import LoadedConsumerGroup
+from metadata import consumer_groups as consumer_layer
 from metadata import groups as groups_layer
 from metadata.kv import ReadTransaction
 
@@ -120,6 +126,12 @@ class GroupOffsets:
         api_version: int,
     ) -> ErrorCode:
         shell = self.shell
+        if slot.consumer is not None:
+            consumer = slot.consumer
+            error = shell.consumers.check_commit(consumer, member_id, generation, api_version)
+            if error is ErrorCode.none and offsets:
+                await shell.consumers.commit(consumer, offsets, retention_ms)
+            return error
         loaded = slot.loaded
         if loaded is None:
             if generation >= 0:
@@ -163,12 +175,15 @@ class GroupOffsets:
         partitions: dict[str, list[int]] | None,
         *,
         require_stable: bool = False,
+        member_id: str | None = None,
+        member_epoch: int = -1,
     ) -> tuple[
         ErrorCode, dict[tuple[str, int], groups_layer.CommittedOffset], set[tuple[str, int]]
     ]:
         """OffsetFetch of some partitions (or all, None): the group error, the committed
         offsets, and -- when stable offsets are required -- the partitions an open
-        transaction holds an offset for (of those asked for, or of those committed)."""
+        transaction holds an offset for (of those asked for, or of those committed).
+        A member id or epoch (v9) is checked against a consumer-protocol group's member."""
         shell = self.shell
 
         def read(
@@ -188,7 +203,12 @@ class GroupOffsets:
 
         try:
             async with shell.locked(group_id, claim=False) as slot:
-                await shell.claim(slot, group_id, load=False)
+                member_given = member_id is not None or member_epoch >= 0
+                await shell.claim(slot, group_id, load=member_given)
+                if member_given and slot.consumer is not None:
+                    error = shell.consumers.check_fetch(slot.consumer, member_id, member_epoch)
+                    if error is not ErrorCode.none:
+                        return error, {}, set()
                 offsets, unstable = await shell.kv.read(read)
         except CoordinatorError as exc:
             return exc.error, {}, set()
@@ -205,9 +225,23 @@ class GroupOffsets:
     async def expire(self) -> int:
         """One pass of offsets retention over the groups this agent coordinates."""
         shell = self.shell
-        stored = await shell.kv.read(lambda tr: groups_layer.list_groups(tr, shell.sub))
+        stored, consumers = await shell.kv.read(
+            lambda tr: (
+                groups_layer.list_groups(tr, shell.sub),
+                consumer_layer.list_consumer_groups(tr, shell.sub),
+            )
+        )
         await shell.placement.refresh()
         expired = 0
+        for record in consumers:
+            if not shell.placement.is_local(record.group_id):
+                continue
+            try:
+                async with shell.locked(record.group_id) as slot:
+                    if slot.consumer is not None:
+                        expired += await self._expire_consumer_offsets(slot, slot.consumer)
+            except CoordinatorError:
+                continue
         for header in stored:
             if not shell.placement.is_local(header.group_id):
                 continue
@@ -224,6 +258,36 @@ class GroupOffsets:
                 if not loaded.group.pending_join and not slot.lock.locked():
                     slot.loaded = None  # created by a failed join and never written
         return expired
+
+    async def _expire_consumer_offsets(self, slot: GroupSlot, loaded: LoadedConsumerGroup) -> int:
+        """Apache Kafka's rule for consumer-protocol groups: an offset expires by its
+        commit time, unless a member subscribes to its topic; an Empty group whose offsets
+        are all gone is deleted."""
+        shell = self.shell
+        group = loaded.group
+        rule = groups_layer.ExpiryRule(
+            shell.settings.offsets_retention_ms,
+            keep_topics=frozenset(group.subscription_metadata),
+        )
+        now = shell.clock.now_ms()
+        revision = loaded.revision
+        result = await shell.kv.transact(
+            lambda tr: consumer_layer.expire_offsets(
+                tr,
+                shell.sub,
+                group.group_id,
+                rule,
+                now_ms=now,
+                expected_revision=revision,
+                delete_group_when_empty=not group.members and revision is not None,
+            )
+        )
+        if result.expired:
+            logger.info("expired %d offsets of consumer group %r", result.expired, group.group_id)
+        if result.group_deleted:
+            logger.info("deleted empty consumer group %r: no offsets left", group.group_id)
+            shell.consumers.unload(slot)
+        return result.expired
 
     async def _expire_group_offsets(self, slot: GroupSlot, loaded: LoadedGroup) -> int:
         shell = self.shell

@@ -45,6 +45,25 @@ class GroupSettings:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupSettings:
+    """Apache Kafka's settings of consumer-protocol groups (KIP-848), with its defaults."""
+
+    session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
+    heartbeat_interval_ms: int = 5_000  # group.consumer.heartbeat.interval.ms
+    max_size: int = 2**31 - 1  # group.consumer.max.size
+    assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors; first: default
+
+    def __post_init__(self) -> None:
+        if not self.assignors:
+            raise ValueError("group.consumer.assignors must name at least one assignor")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                "group.consumer.heartbeat.interval.ms must be below "
+                "group.consumer.session.timeout.ms"
+            )
+
+
 class Clock:
     """Wall time for what is stored, monotonic time for deadlines."""
 

@@ -60,6 +60,8 @@ _MODULES = (
     "describe_groups",
     "delete_groups",
     "offset_delete",
+    "consumer_group_heartbeat",
+    "consumer_group_describe",
     "delete_records",
     "sasl",
     "scram_credentials",

@@ -1,8 +1,8 @@
 """ListGroups (v0-v5): the groups this agent coordinates.
 
 Like Apache Kafka's brokers, each agent lists only its own groups; admin clients ask every
-broker and merge. v4 filters by state (case-insensitive), v5 by type (all groups here are
-"classic").
+broker and merge. v4 filters by state (case-insensitive), v5 by type ("classic", or
+"consumer" for groups of the consumer protocol of KIP-848), and answers each group's type.
 """
 
 from __future__ import annotations

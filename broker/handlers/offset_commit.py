@@ -6,7 +6,10 @@ simple commit with generation -1 and no member to a group without members) and a
 error is given to every partition of the request; metadata longer than
 offset.metadata.max.bytes is OFFSET_METADATA_TOO_LARGE. v2-v4 may set a retention time
 for the committed offsets; v9 answers GROUP_ID_NOT_FOUND where v2-v8 answer
-ILLEGAL_GENERATION (a generation given for a group that does not exist).
+ILLEGAL_GENERATION (a generation given for a group that does not exist). For a
+consumer-protocol group (KIP-848) the field is the member epoch: the member's current one
+is accepted, any other is STALE_MEMBER_EPOCH, and members of such a group must commit
+with v9 (UNSUPPORTED_VERSION otherwise).
 """
 
 from __future__ import annotations

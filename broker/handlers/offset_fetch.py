@@ -4,8 +4,9 @@ v8+ ask for several groups at once. A partition without a committed offset answe
 v1 has no group-level error: it goes on every partition. With require_stable (v7+) a
 partition for which an open transaction holds an offset is UNSTABLE_OFFSET_COMMIT (the
 client retries), as in Apache Kafka.
-v9's member id and epoch belong to the new consumer protocol and are not checked for
-classic groups, as in Apache Kafka.
+v9's member id and epoch belong to the new consumer protocol: for a consumer-protocol group
+an unknown member is UNKNOWN_MEMBER_ID and another epoch than the member's
+STALE_MEMBER_EPOCH; they are not checked for classic groups, as in Apache Kafka.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ async def _fetch_group(
     *,
     require_stable: bool,
     error_on_partitions: bool,
+    member_id: str | None = None,
+    member_epoch: int = -1,
 ) -> dict[str, Any]:
     agent = ctx.agent
     wanted = None if topics is None else {t.name: list(t.partition_indexes) for t in topics}
@@ -65,7 +68,11 @@ async def _fetch_group(
         error, offsets, unstable = ErrorCode.group_authorization_failed, {}, set()
     else:
         error, offsets, unstable = await agent.groups.fetch_offsets(
-            group_id, wanted, require_stable=require_stable
+            group_id,
+            wanted,
+            require_stable=require_stable,
+            member_id=member_id,
+            member_epoch=member_epoch,
         )
     if error != ErrorCode.none:
         if not error_on_partitions or topics is None:
@@ -132,6 +139,8 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 g.topics,
                 require_stable=request.require_stable,
                 error_on_partitions=False,
+                member_id=getattr(g, "member_id", None),
+                member_epoch=getattr(g, "member_epoch", -1),
             )
             for g in request.groups
         ]

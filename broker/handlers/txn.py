@@ -27,7 +27,7 @@ from broker.transactions import (
     END_COMMIT_REFUSED,
     end_transaction,
 )
-from metadata import groups, producers, topics, txns
+from metadata import consumer_groups, groups, producers, topics, txns
 from metadata.errors import MetadataError
 
 ADD_PARTITIONS_TO_TXN = 24
@@ -203,7 +203,19 @@ async def txn_offset_commit(request: Any, ctx: HandlerContext) -> Any:
             return ErrorCode.invalid_txn_state
         if generation >= 0:
             stored = groups.get_group(tr, agent.sub, group)
-            if stored is None or stored.generation != generation:
+            consumer = None
+            if stored is None:
+                consumer = consumer_groups.get_consumer_group(tr, agent.sub, group)
+            if consumer is not None:
+                # A consumer-protocol group: the generation is the member's epoch (Kafka
+                # answers ILLEGAL_GENERATION where OffsetCommit says STALE_MEMBER_EPOCH).
+                member_id = getattr(request, "member_id", "")
+                member = next((m for m in consumer.members if m.member_id == member_id), None)
+                if member is None:
+                    return ErrorCode.unknown_member_id
+                if member.member_epoch != generation:
+                    return ErrorCode.illegal_generation
+            elif stored is None or stored.generation != generation:
                 return ErrorCode.illegal_generation
         for name, p in wanted:
             txns.put_pending_offset(

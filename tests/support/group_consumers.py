@@ -30,6 +30,8 @@ class Tracker:
     # Failed commits: the runner keeps the offsets and commits them again later.
     commit_failures: list[str] = field(default_factory=list)
     assignments: dict[str, int] = field(default_factory=dict)  # assignments received
+    processed_at: list[tuple[str, float]] = field(default_factory=list)  # (name, monotonic)
+    revocations: list[tuple[str, int, float]] = field(default_factory=list)  # (name, p, when)
 
     def assigned(self, name: str, partitions: list[int]) -> None:
         with self.lock:
@@ -42,6 +44,8 @@ class Tracker:
 
     def revoked(self, name: str, partitions: list[int]) -> None:
         with self.lock:
+            now = time.monotonic()
+            self.revocations.extend((name, p, now) for p in partitions)
             for p in partitions:
                 if self.owners.get(p) == name:
                     del self.owners[p]
@@ -51,6 +55,18 @@ class Tracker:
             if self.owners.get(partition) != name:
                 self.violations.append(f"{name} processed partition {partition} it does not own")
             self.processed.append((name, partition, offset, value))
+            self.processed_at.append((name, time.monotonic()))
+
+    def revoked_between(self, name: str, start: float, end: float) -> set[int]:
+        with self.lock:
+            return {p for n, p, t in self.revocations if n == name and start <= t <= end}
+
+    def longest_pause(self, name: str, start: float, end: float) -> float:
+        """The longest time within [start, end] in which `name` processed nothing."""
+        with self.lock:
+            times = [t for n, t in self.processed_at if n == name and start <= t <= end]
+        edges = [start, *times, end]
+        return max(b - a for a, b in zip(edges, edges[1:], strict=False))
 
     def owned_by(self) -> dict[str, set[int]]:
         with self.lock:
@@ -180,10 +196,8 @@ class KafkaPythonRunner(Runner):
 
 
 class ConfluentRunner(Runner):
-    def consume(self) -> None:
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-        config = {
+    def config(self) -> dict[str, Any]:
+        return {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.group,
             "client.id": self.name,
@@ -196,6 +210,14 @@ class ConfluentRunner(Runner):
             "reconnect.backoff.max.ms": 500,
             **self.settings,
         }
+
+    def subscription(self) -> list[str]:
+        return [self.topic]
+
+    def consume(self) -> None:
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        config = self.config()
         if self.instance_id is not None:
             config["group.instance.id"] = self.instance_id
         consumer = Consumer(config)
@@ -233,7 +255,9 @@ class ConfluentRunner(Runner):
             runner.tracker.commit_failures.append(f"{runner.name}: lost {partitions}")
             runner.tracker.revoked(runner.name, [tp.partition for tp in partitions])
 
-        consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+        consumer.subscribe(
+            self.subscription(), on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost
+        )
         try:
             while not self.stopping.is_set():
                 for msg in consumer.consume(num_messages=20, timeout=0.1):
@@ -247,6 +271,24 @@ class ConfluentRunner(Runner):
             self.tracker.revoked(self.name, [tp.partition for tp in consumer.assignment()])
         finally:
             consumer.close()
+
+
+class ConfluentConsumerProtocolRunner(ConfluentRunner):
+    """confluent-kafka with `group.protocol=consumer` (KIP-848): the coordinator assigns;
+    the session and heartbeat settings are the broker's."""
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": self.group,
+            "client.id": self.name,
+            "group.protocol": "consumer",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+            "reconnect.backoff.max.ms": 500,
+            **self.settings,
+        }
 
 
 class AiokafkaRunner(Runner):
