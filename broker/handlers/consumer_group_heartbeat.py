@@ -40,7 +40,8 @@ def _request(request: Any) -> HeartbeatRequest:
             if request.subscribed_topic_names is None
             else tuple(request.subscribed_topic_names)
         ),
-        subscribed_topic_regex=request.subscribed_topic_regex,
+        # v1 on; v0 has no field for it.
+        subscribed_topic_regex=getattr(request, "subscribed_topic_regex", None),
         server_assignor=request.server_assignor,
         topic_partitions=(
             None

@@ -334,6 +334,13 @@ def test_the_heartbeat_request_is_read_with_topic_ids_as_bytes():
     read = consumer_group_heartbeat._request(request)
     assert read.topic_partitions == ((topic_id.bytes, (2, 0)),)
     assert read.rebalance_timeout_ms == -1 and read.subscribed_topic_names is None
+    # v0 has no subscribed_topic_regex field at all.
+    request = wire.request(
+        68, 0, group_id="g", member_id="m", member_epoch=0, rebalance_timeout=5000,
+        subscribed_topic_names=["t"], topic_partitions=[],
+    )  # fmt: skip
+    read = consumer_group_heartbeat._request(request)
+    assert read.subscribed_topic_regex is None and read.subscribed_topic_names == ("t",)
 
 
 def test_consumer_group_options_are_checked_at_start():
