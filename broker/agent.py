@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import anyio
@@ -37,10 +38,12 @@ from broker.metrics import Meter
 from broker.readahead import ReadAhead
 from broker.ripcord import Snapshot
 from broker.sync import Notifier
+from broker.zones import HOME_RECHECK_SECONDS, HomeZones
 from metadata import acls, cluster, keys, topics
 from metadata import log as log_layer
 from metadata.chunk_cache import ChunkCache
 from metadata.cluster import Agent as AgentInfo
+from metadata.homes import GROUP, TRANSACTION
 from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
 from storage.hedge import HedgedPuts
@@ -95,7 +98,7 @@ class Agent:
         self.events = EventLog(logging.getLogger("broker.connection"))
         self.auth = Authentication.from_config(config)
         self.request_memory = RequestMemory(config.queued_max_request_bytes)
-        self.meter = Meter()
+        self.meter = Meter(config.zone)
         percentile = config.resolved_put_hedge_percentile
         self.hedge = None if percentile is None else HedgedPuts(store, percentile=percentile)
         self.pipeline = IngestPipeline(
@@ -170,6 +173,7 @@ class Agent:
         self._topics_by_name: dict[str, _CachedTopic] = {}
         self._topics_by_id: dict[bytes, _CachedTopic] = {}
         self._watermarks: dict[tuple[bytes, int], int] = {}
+        self.homes = HomeZones(kv, self.sub)
         self.consumer_group_settings = config.consumer_group_settings
         self.groups = GroupCoordinator.for_agent(self)
         # None: authorization is off and no request is checked (broker.access).
@@ -267,7 +271,7 @@ class Agent:
                 self.sub,
                 cfg.advertised,
                 cfg.advertised_port,
-                cfg.rack,
+                cfg.zone,
                 now + cfg.lease_ms,
                 self.endpoints,
             )
@@ -376,9 +380,7 @@ class Agent:
         while True:
             await anyio.sleep(TRANSACTION_CHECK_SECONDS)
             try:
-                await abort_expired(
-                    self, lambda tid: self.coordinator_for(tid).node_id == self.node_id
-                )
+                await abort_expired(self, self.coordinates_transaction)
             except KVError as exc:
                 self.store_failure("transaction timeout check failed: %s", exc)
             except Exception:
@@ -471,7 +473,7 @@ class Agent:
             cfg = self.config
             return [
                 AgentInfo(
-                    self.node_id, cfg.advertised, cfg.advertised_port, cfg.rack, 0, self.endpoints
+                    self.node_id, cfg.advertised, cfg.advertised_port, cfg.zone, 0, self.endpoints
                 )
             ]
         if not self._refusing:
@@ -539,13 +541,48 @@ class Agent:
             len(snapshot.agents),
         )
 
-    def coordinator_for(self, key: str) -> AgentInfo:
-        """The agent that coordinates a group or transactional id (`broker.placement`)."""
-        return placement.coordinator_for(key, self.live_agents())
+    def zoned(self) -> bool:
+        """Whether any live agent has a zone; if none has, no home zone is read."""
+        return any(a.rack is not None for a in self.live_agents())
 
-    def leader_for(self, topic_id: bytes, partition: int) -> int:
-        """Every agent accepts every partition; clients still want one leader each."""
-        return placement.leader_for(topic_id, partition, self.live_agents()).node_id
+    def serving_agents(self, zone: str | None) -> list[AgentInfo]:
+        """The live agents clients of `zone` are sent to (`broker.placement.serving`)."""
+        return list(placement.serving(self.live_agents(), zone))
+
+    async def load_homes(self, kind: int, ids: Iterable[str], *, fresh: bool = False) -> None:
+        """Have the home zones of these group (kind GROUP) or transactional ids (kind
+        TRANSACTION) at hand for `coordinator_for`: a key found without one is read again
+        after HOME_RECHECK_SECONDS, or now if fresh (`broker.zones`)."""
+        if self.in_outage() or not self.zoned():
+            return
+        await self.homes.load(kind, ids, max_age=0.0 if fresh else HOME_RECHECK_SECONDS)
+
+    async def claim_homes(self, kind: int, ids: Iterable[str], zone: str | None) -> None:
+        """A client of `zone` looks for the coordinators of `ids`: those without a home
+        zone get `zone`, if a live agent is in it; the homes of the others are read."""
+        if self.in_outage() or not self.zoned():
+            return
+        if zone is not None and any(a.rack == zone for a in self.live_agents()):
+            await self.homes.claim(kind, ids, zone)
+        else:
+            await self.homes.load(kind, ids, max_age=0.0)
+
+    def coordinator_for(self, key: str, kind: int = GROUP) -> AgentInfo:
+        """The agent that coordinates a group or transactional id: the rendezvous pick
+        among the live agents of its home zone, if it has one with a live agent, else
+        among all (`broker.placement`); its home as loaded by `load_homes`."""
+        live = self.live_agents()
+        return placement.coordinator_for(key, placement.serving(live, self.homes.home(kind, key)))
+
+    async def coordinates_transaction(self, transactional_id: str) -> bool:
+        await self.load_homes(TRANSACTION, [transactional_id])
+        return self.coordinator_for(transactional_id, TRANSACTION).node_id == self.node_id
+
+    def leader_for(self, topic_id: bytes, partition: int, zone: str | None = None) -> int:
+        """Every agent accepts every partition; clients still want one leader each: for a
+        client of `zone`, one among the live agents of that zone, if any."""
+        agents = placement.serving(self.live_agents(), zone)
+        return placement.leader_for(topic_id, partition, agents).node_id
 
 
 async def _refuses(host: str, port: int) -> bool:

@@ -230,7 +230,14 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ("price-list-per-1000", float, 0.005, "dollars per 1,000 LISTs, for each topic's cost"),
     ("price-delete-per-1000", float, 0.0, "dollars per 1,000 DELETEs, for each topic's cost"),
     ("cluster-name", str, "default", "name of the cluster inside the metadata store"),
-    ("rack", str, None, "rack (zone) of this agent"),
+    (
+        "zone",
+        str,
+        None,
+        "the agent's zone (availability zone), registered as its rack; clients naming it"
+        " with bucketlog_az=ZONE in their client.id are served by the agents of their zone",
+    ),
+    ("rack", str, None, "the older name of --zone"),
     ("auto-create-topics", _bool, True, "create unknown topics on Metadata requests"),
     ("default-partitions", int, 1, "partitions of auto-created topics"),
     (
@@ -592,6 +599,17 @@ def _super_users(value: str) -> frozenset[str]:
     return parse_super_users(value)
 
 
+def _zone(zone: str | None, rack: str | None) -> str | None:
+    """The agent's zone from --zone and its older name --rack (empty: none)."""
+    if zone is not None and rack is not None and zone != rack:
+        raise ValueError(
+            f"--zone {zone!r} and --rack {rack!r} differ: --rack is the older name of"
+            " --zone, give one of them"
+        )
+    value = zone if zone is not None else rack
+    return value or None
+
+
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     host, port = args.host, args.port
     if args.listeners:
@@ -626,7 +644,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         inject_put_latency_ms=args.inject_put_latency_ms,
         inject_get_latency_ms=args.inject_get_latency_ms,
         cluster_name=args.cluster_name,
-        rack=args.rack,
+        zone=_zone(args.zone, args.rack),
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
         max_frame_bytes=args.max_frame_bytes,

@@ -67,7 +67,8 @@ class BrokerConfig:
     price_list_per_1000: float = 0.005
     price_delete_per_1000: float = 0.0
     cluster_name: str = "default"
-    rack: str | None = None
+    # The agent's zone (availability zone), registered as its rack (broker.zones).
+    zone: str | None = None
     auto_create_topics: bool = True
     default_partitions: int = 1
     max_frame_bytes: int = 100 * 1024 * 1024

@@ -55,6 +55,7 @@ from broker.handlers.errors import error_response
 from broker.listeners import Listener, SecurityProtocol
 from broker.sasl import AuthenticationFailed
 from broker.sync import Promise, Turn
+from broker.zones import ClientZone
 from metadata.kv import KVError
 from protocol.codec import (
     MalformedRequest,
@@ -90,6 +91,8 @@ class RequestContext:
     # authentication, which SaslHandshake and SaslAuthenticate move on.
     listener: str = PLAINTEXT.name
     session: ConnectionAuth | None = None
+    # The zone its client.id names (broker.zones), or None.
+    client_zone: str | None = None
 
     def end_turn(self) -> None:
         """This request has taken effect: the connection's next request may start."""
@@ -185,6 +188,7 @@ async def _handle_frame(
     turn: Turn,
     principal: str = ANONYMOUS,
     session: ConnectionAuth | None = None,
+    client: ClientZone | None = None,
 ) -> Frame | None:
     try:
         request = decode_request(frame)
@@ -198,6 +202,9 @@ async def _handle_frame(
     api = REGISTRY.get(header.api_key)
     if api is None or not api.supports(header.api_version):
         return _unsupported(header.api_key, header.api_version, header.correlation_id)
+    api_name = type(body).__name__.removesuffix("Request")
+    client_zone = None if client is None else client.of(header.client_id)
+    agent.meter.zone_request(client_zone, api_name)
     ctx = RequestContext(
         agent,
         header.api_version,
@@ -208,6 +215,7 @@ async def _handle_frame(
         principal,
         PLAINTEXT.name if session is None else session.listener.name,
         session,
+        client_zone,
     )
     began = time.monotonic()
     try:
@@ -243,9 +251,7 @@ async def _handle_frame(
             raise _Close(
                 eventlog.HANDLER_ERROR, f"{api.name} has no error answer to give"
             ) from None
-    agent.meter.request_seconds[type(body).__name__.removesuffix("Request")].observe(
-        time.monotonic() - began
-    )
+    agent.meter.request_seconds[api_name].observe(time.monotonic() - began)
     if response is None:
         return None
     return encode_response_parts(header.correlation_id, response)
@@ -356,6 +362,7 @@ class _Connection:
         # Until the client authenticates: ANONYMOUS, or its certificate's on SSL.
         self.principal = principal
         self.auth = ConnectionAuth(listener, principal)
+        self.client = ClientZone()
 
     def went_away(self, exc: BaseException) -> None:
         if not self.gone:
@@ -475,7 +482,7 @@ class _Connection:
                     if refusal is not None:
                         raise _Close(eventlog.AUTHENTICATION_FAILURE, refusal)
                 answer = await _handle_frame(
-                    self.agent, frame, self.peer, turn, self.principal, auth
+                    self.agent, frame, self.peer, turn, self.principal, auth, self.client
                 )
             self.principal = auth.principal
             if auth.close_after is not None:  # the answer is the last one

@@ -51,6 +51,11 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 
+# Distinct client zones counted apart in bucketlog_requests_by_zone_total; the zones
+# clients name past these are counted together as OTHER_ZONE (clients choose them).
+CLIENT_ZONE_LABELS = 32
+OTHER_ZONE = "(other)"
+
 # Flushes committed together (a group commit), by upper bound.
 COMMIT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -98,7 +103,11 @@ class Histogram:
 class Meter:
     """The per-topic counters and the latency histograms of an agent."""
 
-    def __init__(self) -> None:
+    def __init__(self, zone: str | None = None) -> None:
+        self.zone = zone or ""  # the agent's, a label
+        # Requests by (client zone, API): "" for a client that names no zone.
+        self.zone_requests: dict[tuple[str, str], int] = {}
+        self._client_zones: set[str] = set()
         self.records_in: defaultdict[str, int] = defaultdict(int)
         self.bytes_in: defaultdict[str, int] = defaultdict(int)
         self.records_out: defaultdict[str, int] = defaultdict(int)
@@ -127,6 +136,22 @@ class Meter:
 
     def disconnected(self, listener: str) -> None:
         self.connections_open[listener] -= 1
+
+    def zone_request(self, client_zone: str | None, api: str) -> None:
+        key = (client_zone or "", api)
+        try:
+            self.zone_requests[key] += 1
+        except KeyError:
+            self._first_zone_request(*key)
+
+    def _first_zone_request(self, zone: str, api: str) -> None:
+        if zone not in self._client_zones:
+            if len(self._client_zones) >= CLIENT_ZONE_LABELS:
+                zone = OTHER_ZONE
+            else:
+                self._client_zones.add(zone)
+        key = (zone, api)
+        self.zone_requests[key] = self.zone_requests.get(key, 0) + 1
 
     def request(self, topic: str, api: str) -> None:
         self.requests[topic, api] += 1
@@ -256,6 +281,15 @@ def _from_meter(meter: Meter) -> Iterator[Metric]:
     for (topic, api, code), value in list(meter.errors.items()):
         family.add_metric([topic, api, code], value)
     yield family
+    by_zone = CounterMetricFamily(
+        "bucketlog_requests_by_zone",
+        "requests by the agent's zone and the zone the client names in its client.id"
+        ' ("" for none), and API',
+        labels=["agent_zone", "client_zone", "api"],
+    )
+    for (client_zone, api), value in list(meter.zone_requests.items()):
+        by_zone.add_metric([meter.zone, client_zone, api], value)
+    yield by_zone
     opened = GaugeMetricFamily(
         "bucketlog_connections", "client connections open, by listener", labels=["listener"]
     )

@@ -11,6 +11,9 @@ Rules:
   wins or won move, about 1/N of them, instead of most of them as with a hash mod N.
 - Partition leaders are spread evenly instead: consecutive partitions of a topic go to
   consecutive agents.
+- Zones (broker.zones): both picks are made among the agents `serving` a zone, the live
+  agents of that zone sorted by node id, or every live agent when none is in it; the
+  spread within a zone is as even and as deterministic as over every agent.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ class HasNodeId(Protocol):
     def node_id(self) -> int: ...
 
 
+class HasZone(HasNodeId, Protocol):
+    @property
+    def rack(self) -> str | None: ...  # the agent's zone, registered as its rack
+
+
 A = TypeVar("A", bound=HasNodeId)
+Z = TypeVar("Z", bound=HasZone)
 
 
 def weight(key: str, node_id: int) -> int:
@@ -47,3 +56,12 @@ def leader_for(topic_id: bytes, partition: int, agents: Sequence[A]) -> A:
     if not agents:
         raise ValueError("no live agents")
     return agents[(zlib.crc32(topic_id) + partition) % len(agents)]
+
+
+def serving(agents: Sequence[Z], zone: str | None) -> Sequence[Z]:
+    """The agents that serve clients of `zone`: those in it, or all when none is (or when
+    zone is None). Keeps the agents' order."""
+    if zone is None:
+        return agents
+    in_zone = [agent for agent in agents if agent.rack == zone]
+    return in_zone or agents

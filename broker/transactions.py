@@ -11,6 +11,7 @@ with fresh state; the object written for the refused attempt is garbage.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -256,9 +257,9 @@ async def init_transactional_producer(
     raise MetadataError(ErrorCode.concurrent_transactions)
 
 
-async def abort_expired(agent: AgentServices, is_mine: Any) -> int:
+async def abort_expired(agent: AgentServices, is_mine: Callable[[str], Awaitable[bool]]) -> int:
     """Abort (and fence) every ongoing transaction past its timeout that this agent
-    coordinates; returns how many were aborted."""
+    coordinates (`is_mine` of its transactional id); returns how many were aborted."""
     now = now_ms()
     expired = [
         t
@@ -266,8 +267,8 @@ async def abort_expired(agent: AgentServices, is_mine: Any) -> int:
         if t.state == txns.TxnState.ONGOING
         and t.started_ms >= 0
         and t.started_ms + t.timeout_ms < now
-        and is_mine(t.transactional_id)
     ]
+    expired = [t for t in expired if await is_mine(t.transactional_id)]
     aborted = 0
     for t in expired:
         try:

@@ -83,6 +83,10 @@ too unless noted.
                                                     of a user's SCRAM credential; mechanism
                                                     1 SCRAM-SHA-256, 2 SCRAM-SHA-512
                                                     (metadata/scram.py)
+  (HOME_ZONE, kind, key)                           (zone,) -- the home zone of a group id
+                                                    (kind 0) or transactional id (kind 1):
+                                                    set once, never changed
+                                                    (metadata/homes.py)
 
 A chunk entry is keyed by its *last* offset so that "the entry holding offset X" is the
 first key >= (CHUNK, topic, partition, X).
@@ -137,6 +141,8 @@ JOURNAL = 40
 ACL = 50
 # 60-69: authentication
 SCRAM_CREDENTIAL = 60
+# 70-79: placement
+HOME_ZONE = 70
 
 
 def pack_value(value: tuple[Any, ...]) -> bytes:

@@ -109,7 +109,11 @@ class GroupAdmin:
                 consumer_layer.list_consumer_groups(tr, shell.sub),
             )
         )
-        await shell.placement.refresh()
+        await shell.placement.refresh(
+            *(r.group_id for r in consumers),
+            *(h.group_id for h in stored),
+            *(group_id for group_id, _slot in shell.slots()),
+        )
         listed: dict[str, ListedGroup] = {}
         loaded = {group_id for group_id, slot in shell.slots() if slot.consumer is not None}
         for record in consumers:

@@ -190,12 +190,12 @@ class GroupCoordinator:
         return self._slots.get(group_id)
 
     async def _owns(self, group_id: str) -> bool:
-        await self.placement.refresh()
+        await self.placement.refresh(group_id)
         if self.placement.is_local(group_id):
             return True
         # FindCoordinator reads the live agents afresh; so does a "no" here, else a client
         # sent here just after the agents changed would be sent away again.
-        await self.placement.refresh(fresh=True)
+        await self.placement.refresh(group_id, fresh=True)
         return self.placement.is_local(group_id)
 
     @asynccontextmanager
@@ -410,7 +410,13 @@ class GroupCoordinator:
 
     async def check_ownership(self) -> None:
         """Unload the groups another agent coordinates now."""
-        await self.placement.refresh()
+        await self.placement.refresh(
+            *(
+                group_id
+                for group_id, slot in self._slots.items()
+                if slot.loaded is not None or slot.consumer is not None
+            )
+        )
         for group_id, slot in list(self._slots.items()):
             held = slot.loaded is not None or slot.consumer is not None
             if held and not self.placement.is_local(group_id):

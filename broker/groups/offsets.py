@@ -231,7 +231,9 @@ class GroupOffsets:
                 consumer_layer.list_consumer_groups(tr, shell.sub),
             )
         )
-        await shell.placement.refresh()
+        await shell.placement.refresh(
+            *(r.group_id for r in consumers), *(h.group_id for h in stored)
+        )
         expired = 0
         for record in consumers:
             if not shell.placement.is_local(record.group_id):

@@ -3,16 +3,21 @@ over the live agents sorted by node id -- the same placement as transactional id
 FindCoordinator answers both key types alike. Every agent computes the same answer from
 the same list of live agents; when the list changes, groups move, and the agent that
 gains one loads it from the metadata store.
+
+With zones, the hash is over the live agents of the group's home zone (`broker.zones`):
+`refresh` loads the homes of the groups the caller is about to ask `is_local` of.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from metadata.cluster import Agent as AgentInfo
+from metadata.homes import GROUP, TRANSACTION
 
-GROUP = 0
-TRANSACTION = 1
+__all__ = ["GROUP", "SHARE", "TRANSACTION", "AgentPlacement", "PlacedAgent", "Placement"]
+
 SHARE = 2
 
 
@@ -24,11 +29,16 @@ class PlacedAgent(Protocol):
 
     async def refresh_live_agents(self, max_age: float = ...) -> list[AgentInfo]: ...
 
-    def coordinator_for(self, key: str) -> AgentInfo: ...
+    async def load_homes(self, kind: int, ids: Iterable[str], *, fresh: bool = ...) -> None: ...
+
+    def coordinator_for(self, key: str, kind: int = ...) -> AgentInfo: ...
 
 
 class Placement(Protocol):
-    async def refresh(self, *, fresh: bool = False) -> None: ...
+    async def refresh(self, *group_ids: str, fresh: bool = False) -> None:
+        """Read the live agents again if they are old (now if fresh), and the home zones
+        of these groups."""
+        ...
 
     def is_local(self, group_id: str) -> bool: ...
 
@@ -41,8 +51,10 @@ class AgentPlacement:
     def __init__(self, agent: PlacedAgent) -> None:
         self._agent = agent
 
-    async def refresh(self, *, fresh: bool = False) -> None:
+    async def refresh(self, *group_ids: str, fresh: bool = False) -> None:
         await self._agent.refresh_live_agents(max_age=0.0 if fresh else self.REFRESH_SECONDS)
+        if group_ids:
+            await self._agent.load_homes(GROUP, group_ids, fresh=fresh)
 
     def is_local(self, group_id: str) -> bool:
-        return self._agent.coordinator_for(group_id).node_id == self._agent.node_id
+        return self._agent.coordinator_for(group_id, GROUP).node_id == self._agent.node_id

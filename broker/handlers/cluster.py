@@ -4,6 +4,10 @@ Leader epochs never change here (no replication, no truncation): every partition
 epoch 0 from offset 0, so OffsetForLeaderEpoch answers what Kafka's leader-epoch cache
 answers for a log with that single epoch, and a consumer's truncation check always
 passes.
+
+DescribeCluster lists every live agent whatever zone the client names: it describes the
+cluster, while Metadata is what sends clients to agents (broker.describe).
+DescribeTopicPartitions names the leaders Metadata names to the same client.
 """
 
 from __future__ import annotations
@@ -265,7 +269,7 @@ async def describe_topic_partitions(request: Any, ctx: HandlerContext) -> Any:
             continue
         start = first_partition if name == cursor_topic else 0
         end = min(topic.partitions, start + remaining)
-        partitions = partition_entries(agent, topic)[start:end]
+        partitions = partition_entries(agent, topic, ctx.client_zone)[start:end]
         topics_out.append(
             {
                 "error_code": ErrorCode.none,

@@ -81,7 +81,7 @@ def broker_config_entries(
             "STRING",
             "The address given to clients.",
         ),
-        ("broker.rack", cfg.rack, "STRING", "The rack (zone) of this agent."),
+        ("broker.rack", cfg.zone, "STRING", "The rack (zone) of this agent."),
         (
             "num.partitions",
             str(cfg.default_partitions),

@@ -1,10 +1,15 @@
 """FindCoordinator: the agent that coordinates a group (or a transactional id).
 
 The coordinator is the live agent that rendezvous hashing picks for the key
-(`broker.placement`, through `Agent.coordinator_for`), re-read for every answer so that clients move quickly when an agent's lease runs out.
-Key type GROUP (0) and TRANSACTION (1) share that placement. SHARE (2) is answered
-INVALID_REQUEST, as Apache Kafka does without a share coordinator; so is any other type.
-v0-v3 ask for one key; v4+ batch several.
+(`broker.placement`, through `Agent.coordinator_for`), re-read for every answer so that
+clients move quickly when an agent's lease runs out. Key type GROUP (0) and TRANSACTION
+(1) share that placement. SHARE (2) is answered INVALID_REQUEST, as Apache Kafka does
+without a share coordinator; so is any other type. v0-v3 ask for one key; v4+ batch
+several.
+
+With zones (`broker.zones`), a key is coordinated in its home zone: a key without one
+gets the zone of the client that asks, if the client names a zone with a live agent; a
+key it may not describe gets none.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def _answer(agent: AgentServices, key_type: int, key: str, listener: str) -> dic
             "host": "",
             "port": -1,
         }
-    node = agent.coordinator_for(key)
+    node = agent.coordinator_for(key, key_type)
     endpoint = node.endpoint(listener)
     if endpoint is None:  # the coordinator has no address on the client's listener
         return {
@@ -60,22 +65,16 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     agent = ctx.agent
     await agent.refresh_live_agents(max_age=0.0)
     key_type = int(getattr(request, "key_type", GROUP))
+    keys = request.coordinator_keys if ctx.api_version >= 4 else [request.key]
+    refusals = {k: _refusal(ctx, key_type, k) for k in keys}
+    if key_type in (GROUP, TRANSACTION):
+        allowed = [k for k in keys if refusals[k] is None]
+        await agent.claim_homes(key_type, allowed, ctx.client_zone)
+    answers = [refusals[k] or _answer(agent, key_type, k, ctx.listener) for k in keys]
     if ctx.api_version >= 4:
-        return build(
-            response_class(request),
-            {
-                "throttle_time": 0,
-                "coordinators": [
-                    _refusal(ctx, key_type, k) or _answer(agent, key_type, k, ctx.listener)
-                    for k in request.coordinator_keys
-                ],
-            },
-        )
-    answer = _refusal(ctx, key_type, request.key) or _answer(
-        agent, key_type, request.key, ctx.listener
-    )
-    answer["throttle_time"] = 0
-    return build(response_class(request), answer)
+        return build(response_class(request), {"throttle_time": 0, "coordinators": answers})
+    answers[0]["throttle_time"] = 0
+    return build(response_class(request), answers[0])
 
 
 def _refusal(ctx: HandlerContext, key_type: int, key: str) -> dict[str, Any] | None:

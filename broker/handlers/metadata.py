@@ -34,14 +34,17 @@ ALL_CLUSTER_OPERATIONS = 8096
 
 
 def topic_entry(
-    agent: AgentServices, topic: topics_layer.Topic, operations: int = NO_AUTHORIZED_OPERATIONS
+    agent: AgentServices,
+    topic: topics_layer.Topic,
+    operations: int = NO_AUTHORIZED_OPERATIONS,
+    zone: str | None = None,
 ) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.none,
         "name": topic.name,
         "topic_id": uuid.UUID(bytes=topic.topic_id),
         "is_internal": False,
-        "partitions": partition_entries(agent, topic),
+        "partitions": partition_entries(agent, topic, zone),
         "topic_authorized_operations": operations,
     }
 
@@ -103,12 +106,13 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         else NO_AUTHORIZED_OPERATIONS
     )
 
+    zone = ctx.client_zone
+
     def entry(topic: topics_layer.Topic) -> dict[str, Any]:
         if checked and with_topic_ops:
-            return topic_entry(
-                agent, topic, access.authorized_operations(ctx, ResourceType.TOPIC, topic.name)
-            )
-        return topic_entry(agent, topic, topic_ops)
+            operations = access.authorized_operations(ctx, ResourceType.TOPIC, topic.name)
+            return topic_entry(agent, topic, operations, zone)
+        return topic_entry(agent, topic, topic_ops, zone)
 
     def refused(name: str) -> bool:
         return checked and not access.authorize(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)
@@ -178,13 +182,16 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
                 entries.append(error_topic(name, code))
             else:
                 entries.append(entry(topic))
+    leaders = {p["leader_id"] for e in entries for p in e["partitions"]} if zone is not None else ()
+    brokers = broker_entries(agent, ctx.listener, zone, leaders)
     return build(
         response_class(request),
         {
             "throttle_time": 0,
-            "brokers": broker_entries(agent, ctx.listener),
+            "brokers": brokers,
             "cluster_id": agent.cluster_id,
-            "controller_id": agent.live_agents()[0].node_id,
+            # One of the brokers listed: clients send it admin requests by node id.
+            "controller_id": brokers[0]["node_id"] if brokers else agent.live_agents()[0].node_id,
             "topics": entries,
             "cluster_authorized_operations": cluster_ops,
         },

@@ -16,7 +16,7 @@ from tests.support.brokerproc import free_ports
 
 @pytest.fixture(autouse=True)
 def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("CONFIG", "FLUSH_INTERVAL_MS", "DEFAULT_PARTITIONS", "RIPCORD", "RACK"):
+    for name in ("CONFIG", "FLUSH_INTERVAL_MS", "DEFAULT_PARTITIONS", "RIPCORD", "RACK", "ZONE"):
         monkeypatch.delenv(f"BUCKETLOG_{name}", raising=False)
 
 
@@ -41,7 +41,7 @@ def test_the_file_sets_options(tmp_path: Path) -> None:
     assert config.flush_interval_ms == 40
     assert config.default_partitions == 3
     assert config.ripcord is True
-    assert config.rack == "eu-1a"
+    assert config.zone == "eu-1a"
     assert config.inject_put_latency_ms == (5.0, 15.0)
     assert config.auto_create_topics is False
 
@@ -105,3 +105,23 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     stderr = _serve([], tmp_path, {"BUCKETLOG_FLUSH_INTERVAL_MS": "soon"})
     assert "environment BUCKETLOG_FLUSH_INTERVAL_MS: flush-interval-ms: invalid value" in stderr
+
+
+def test_the_zone_is_set_by_zone_or_by_its_older_name_rack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert config_of().zone is None
+    assert config_of("--zone", "us-east-1a").zone == "us-east-1a"
+    assert config_of("--rack", "us-east-1b").zone == "us-east-1b"
+    assert config_of("--zone", "b", "--rack", "b").zone == "b"
+    assert config_of("--zone", "").zone is None
+    assert config_of("--config", write(tmp_path, 'zone = "eu-1c"\n')).zone == "eu-1c"
+    monkeypatch.setenv("BUCKETLOG_ZONE", "eu-1a")
+    assert config_of().zone == "eu-1a"
+
+
+def test_zone_and_rack_with_different_values_are_refused(tmp_path: Path) -> None:
+    stderr = _serve(["--zone", "a", "--rack", "b"], tmp_path)
+    assert "--zone 'a' and --rack 'b' differ" in stderr
+    stderr = _serve(["--rack", "b"], tmp_path, {"BUCKETLOG_ZONE": "a"})
+    assert "--zone 'a' and --rack 'b' differ" in stderr

@@ -52,7 +52,7 @@ class Placement:
     def __init__(self) -> None:
         self.owned = True
 
-    async def refresh(self, *, fresh: bool = False) -> None:
+    async def refresh(self, *group_ids: str, fresh: bool = False) -> None:
         pass
 
     def is_local(self, group_id: str) -> bool:

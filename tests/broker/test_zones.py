@@ -1,0 +1,353 @@
+"""Zone-aware routing (broker.zones, broker.placement.serving): the client.id convention,
+leaders and coordinators within a zone, home zones, and the requests-by-zone counter."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client.core import Metric
+
+from broker import placement, zones
+from broker.metrics import CLIENT_ZONE_LABELS, OTHER_ZONE, AgentCollector, Meter
+from metadata import cluster, homes, keys
+from metadata.cluster import Agent as AgentInfo
+
+KEYS = [f"group-{i}" for i in range(3000)]
+
+
+@dataclass(frozen=True)
+class Agent:
+    node_id: int
+    rack: str | None
+
+
+# Nine agents, three in each zone, their node ids interleaved across zones.
+AGENTS = [Agent(n, "abc"[n % 3]) for n in range(9)]
+
+
+# -- the client.id convention ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("client_id", "zone"),
+    [
+        ("bucketlog_az=b", "b"),
+        ("myapp,bucketlog_az=us-east-1a", "us-east-1a"),
+        ("bucketlog_az=us-east-1a,myapp", "us-east-1a"),
+        ("myapp bucketlog_az=eu-west-1c rest", "eu-west-1c"),
+        ("svc-bucketlog_az=a", "a"),  # anywhere in the client.id
+        ("bucketlog_az=a,bucketlog_az=b", "a"),  # the first mark counts
+        ("bucketlog_az=", None),  # an empty value names no zone
+        ("bucketlog_az=,b", None),
+        ("myapp", None),
+        ("BUCKETLOG_AZ=a", None),  # the mark is lower case
+        ("", None),
+        (None, None),
+    ],
+)
+def test_a_client_names_its_zone_in_its_client_id(client_id: str | None, zone: str | None) -> None:
+    assert zones.client_zone(client_id) == zone
+
+
+def test_a_connection_parses_its_client_id_again_only_when_it_changes(monkeypatch) -> None:
+    parsed: list[str | None] = []
+
+    def counting(client_id: str | None) -> str | None:
+        parsed.append(client_id)
+        return "z" if client_id else None
+
+    monkeypatch.setattr(zones, "client_zone", counting)
+    client = zones.ClientZone()
+    for _ in range(100):
+        assert client.of("app,bucketlog_az=z") == "z"
+    assert client.of("other") == "z"  # counting says z for any id
+    assert client.of("other") == "z"
+    assert parsed == ["app,bucketlog_az=z", "other"]
+
+
+# -- leaders -----------------------------------------------------------------------------
+
+
+def leaders(topic_id: bytes, partitions: int, zone: str | None, agents: list[Agent]) -> list[int]:
+    serving = placement.serving(agents, zone)
+    return [placement.leader_for(topic_id, p, serving).node_id for p in range(partitions)]
+
+
+def test_a_zoned_clients_leaders_are_its_zones_agents_evenly_and_in_order() -> None:
+    for zone, nodes in (("a", [0, 3, 6]), ("b", [1, 4, 7]), ("c", [2, 5, 8])):
+        picked = leaders(b"topic-1", 12, zone, AGENTS)
+        assert set(picked) == set(nodes)
+        assert sorted(Counter(picked).values()) == [4, 4, 4]
+        # Consecutive partitions go to consecutive agents of the zone, by node id.
+        first = nodes.index(picked[0])
+        assert picked == [nodes[(first + p) % 3] for p in range(12)]
+        # The same whatever order the agents are listed in: sorted by node id first.
+        assert leaders(b"topic-1", 12, zone, sorted(AGENTS, key=lambda a: a.node_id)) == picked
+
+
+def test_a_zone_without_agents_and_an_unzoned_client_get_every_agent() -> None:
+    everyone = leaders(b"topic-2", 18, None, AGENTS)
+    assert sorted(Counter(everyone).values()) == [2] * 9
+    assert leaders(b"topic-2", 18, "nowhere", AGENTS) == everyone
+    # A zone whose agents are all gone: every live agent.
+    survivors = [a for a in AGENTS if a.rack != "b"]
+    assert set(leaders(b"topic-2", 18, "b", survivors)) == {a.node_id for a in survivors}
+
+
+def test_without_zones_placement_is_what_it_was() -> None:
+    unzoned = [Agent(n, None) for n in range(4)]
+    assert placement.serving(unzoned, "b") == unzoned
+    assert placement.serving(unzoned, None) == unzoned
+
+
+# -- coordinators ----------------------------------------------------------------------
+
+
+def coordinators(home: str | None, agents: list[Agent]) -> dict[str, int]:
+    serving = placement.serving(agents, home)
+    return {key: placement.coordinator_for(key, serving).node_id for key in KEYS}
+
+
+def test_a_key_with_a_home_is_coordinated_in_its_home_zone_evenly() -> None:
+    picked = coordinators("b", AGENTS)
+    counts = Counter(picked.values())
+    assert set(counts) == {1, 4, 7}
+    assert all(abs(c / len(KEYS) - 1 / 3) < 0.04 for c in counts.values())
+    assert coordinators("b", list(reversed(AGENTS))) == picked
+
+
+def test_a_key_whose_home_has_no_live_agent_is_coordinated_as_without_a_home() -> None:
+    survivors = [a for a in AGENTS if a.rack != "b"]
+    assert coordinators("b", survivors) == coordinators(None, survivors)
+    assert set(coordinators("b", survivors).values()) == {a.node_id for a in survivors}
+
+
+# -- the agent: home zones loaded, claimed, used by every ownership check ------------------
+
+
+class NoReads:
+    """A metadata store that fails the test if it is read."""
+
+    async def read(self, fn: Any, **_kw: Any) -> Any:
+        raise AssertionError("the metadata store was read")
+
+    async def transact(self, fn: Any) -> Any:
+        raise AssertionError("the metadata store was written")
+
+
+@pytest.fixture
+def agent(tmp_path):
+    from broker.agent import Agent as BrokerAgent
+    from broker.config import BrokerConfig
+
+    agent = BrokerAgent.open(BrokerConfig(data_dir=str(tmp_path), zone="a"))
+    agent.node_id = 0
+    yield agent
+    anyio.run(agent.aclose)
+
+
+def set_live(agent: Any, *zones_of: str | None, gone: tuple[int, ...] = ()) -> list[AgentInfo]:
+    """Make agents of these zones, node ids 0, 1, ... but those `gone`, the live agents in
+    the store and in the agent's view."""
+    live = [
+        AgentInfo(n, "127.0.0.1", 9092 + n, z, 2**62)
+        for n, z in enumerate(zones_of)
+        if n not in gone
+    ]
+
+    def register(tr: Any) -> None:
+        tr.clear_range(*agent.sub.range(keys.AGENT))
+        for info in live:
+            cluster.renew_lease(tr, agent.sub, info)
+
+    agent.kv.transact_sync(register)
+    agent.live = live
+    return live
+
+
+def test_the_first_zoned_client_to_ask_gives_a_key_its_home_for_good(agent) -> None:
+    from broker.groups.placement import AgentPlacement
+
+    set_live(agent, "a", "b", "c", "a", "b", "c")
+    in_b = {1, 4}
+
+    async def scenario() -> None:
+        # A group no agent of zone b would coordinate without a home.
+        group = next(k for k in KEYS if agent.coordinator_for(k).node_id not in in_b)
+        await agent.claim_homes(homes.GROUP, [group], "b")
+        assert agent.coordinator_for(group).node_id in in_b
+        # A later client of another zone does not move it.
+        await agent.claim_homes(homes.GROUP, [group], "c")
+        assert agent.coordinator_for(group).node_id in in_b
+        # A transactional id of the same name is another key: no home yet.
+        assert agent.homes.home(homes.TRANSACTION, group) is None
+
+        # Another agent on the same store, that never saw the claim, agrees once it has
+        # loaded the group's home, as its ownership checks do before they answer.
+        from broker.agent import Agent as BrokerAgent
+
+        other = BrokerAgent(agent.config, agent.kv, agent.store)
+        await other.refresh_live_agents()
+        assert other.live == agent.live
+        other.node_id = agent.coordinator_for(group).node_id
+        assert not AgentPlacement(other).is_local(group)  # the hash over every agent
+        await AgentPlacement(other).refresh(group)
+        assert AgentPlacement(other).is_local(group)
+
+    anyio.run(scenario)
+
+
+def test_a_client_of_a_zone_without_agents_gives_no_home(agent) -> None:
+    set_live(agent, "a", "b", "c")
+
+    async def scenario() -> None:
+        before = agent.coordinator_for("lonely").node_id
+        await agent.claim_homes(homes.GROUP, ["lonely"], "nowhere")
+        await agent.claim_homes(homes.GROUP, ["lonely"], None)
+        stored = await agent.kv.read(lambda tr: homes.get(tr, agent.sub, homes.GROUP, "lonely"))
+        assert stored is None
+        assert agent.coordinator_for("lonely").node_id == before
+
+    anyio.run(scenario)
+
+
+def test_a_key_whose_home_zone_lost_its_agents_moves_to_the_others(agent) -> None:
+    set_live(agent, "a", "b", "c")
+
+    async def scenario() -> None:
+        await agent.claim_homes(homes.TRANSACTION, ["txn-1"], "b")
+        assert agent.coordinator_for("txn-1", homes.TRANSACTION).node_id == 1
+        set_live(agent, "a", "b", "c", gone=(1,))
+        expected = placement.coordinator_for("txn-1", agent.live).node_id
+        assert agent.coordinator_for("txn-1", homes.TRANSACTION).node_id == expected
+        agent.node_id = expected
+        assert await agent.coordinates_transaction("txn-1")
+
+    anyio.run(scenario)
+
+
+def test_the_transaction_timeout_check_reads_the_home_before_it_answers(agent) -> None:
+    set_live(agent, "a", "b", "c")
+
+    async def scenario() -> None:
+        # A transactional id claimed for zone b through another agent, unseen here.
+        tid = next(k for k in KEYS if placement.coordinator_for(k, agent.live).node_id != 1)
+        await agent.kv.transact(lambda tr: homes.claim(tr, agent.sub, homes.TRANSACTION, tid, "b"))
+        agent.node_id = 1
+        assert await agent.coordinates_transaction(tid)
+        agent.node_id = placement.coordinator_for(tid, agent.live).node_id
+        assert not await agent.coordinates_transaction(tid)
+
+    anyio.run(scenario)
+
+
+def test_no_agent_with_a_zone_means_no_home_is_read_or_written(agent) -> None:
+    set_live(agent, None, None, None)
+    agent.homes = zones.HomeZones(NoReads(), agent.sub)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        await agent.claim_homes(homes.GROUP, ["g"], "b")
+        await agent.load_homes(homes.GROUP, ["g"], fresh=True)
+        assert (
+            agent.coordinator_for("g").node_id == placement.coordinator_for("g", agent.live).node_id
+        )
+
+    anyio.run(scenario)
+
+
+def test_a_key_without_a_home_is_read_again_only_after_half_a_second(agent, monkeypatch) -> None:
+    set_live(agent, "a", "b")
+    reads = []
+    read = agent.kv.read
+
+    async def counting(fn: Any, **kw: Any) -> Any:
+        reads.append(1)
+        return await read(fn, **kw)
+
+    monkeypatch.setattr(agent.kv, "read", counting)
+    clock = [100.0]
+    agent.homes = zones.HomeZones(agent.kv, agent.sub, clock=lambda: clock[0])
+
+    async def scenario() -> None:
+        await agent.load_homes(homes.GROUP, ["g"])
+        await agent.load_homes(homes.GROUP, ["g"])
+        assert len(reads) == 1
+        clock[0] += zones.HOME_RECHECK_SECONDS
+        await agent.load_homes(homes.GROUP, ["g"])
+        assert len(reads) == 2
+        await agent.load_homes(homes.GROUP, ["g"], fresh=True)
+        assert len(reads) == 3
+        # A home, once read, is never read again.
+        await agent.claim_homes(homes.GROUP, ["g"], "b")
+        clock[0] += 60
+        await agent.load_homes(homes.GROUP, ["g"], fresh=True)
+        assert len(reads) == 3
+
+    anyio.run(scenario)
+
+
+def test_many_keys_are_loaded_with_one_range_read(agent) -> None:
+    set_live(agent, "a", "b")
+    ids = [f"g{i}" for i in range(zones.POINT_READS + 5)]
+
+    async def scenario() -> None:
+        await agent.kv.transact(
+            lambda tr: [homes.claim(tr, agent.sub, homes.GROUP, g, "b") for g in ids[::2]]
+        )
+        await agent.load_homes(homes.GROUP, ids)
+        assert [agent.homes.home(homes.GROUP, g) for g in ids] == [
+            "b" if i % 2 == 0 else None for i in range(len(ids))
+        ]
+
+    anyio.run(scenario)
+
+
+def test_the_home_cache_is_bounded() -> None:
+    cache = zones.HomeZones(NoReads(), None, limit=3)  # type: ignore[arg-type]
+    cache._learn(homes.GROUP, ["a", "b", "c", "d"], {"a": "z", "b": "z", "c": "z", "d": "z"}, 0.0)
+    assert [cache.home(homes.GROUP, k) for k in "abcd"] == [None, "z", "z", "z"]
+
+
+# -- the requests-by-zone counter ----------------------------------------------------------
+
+
+def by_zone(meter: Meter) -> dict[tuple[str, str, str], float]:
+    families: list[Metric] = list(AgentCollector(dict, meter).collect())
+    (family,) = [f for f in families if f.name == "bucketlog_requests_by_zone"]
+    return {
+        (s.labels["agent_zone"], s.labels["client_zone"], s.labels["api"]): s.value
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def test_requests_are_counted_by_agent_zone_and_client_zone() -> None:
+    meter = Meter("a")
+    for _ in range(3):
+        meter.zone_request("b", "Produce")
+    meter.zone_request(None, "Metadata")
+    meter.zone_request("a", "Fetch")
+    assert by_zone(meter) == {
+        ("a", "b", "Produce"): 3,
+        ("a", "", "Metadata"): 1,
+        ("a", "a", "Fetch"): 1,
+    }
+    assert by_zone(Meter(None)) == {}
+    unzoned = Meter(None)
+    unzoned.zone_request(None, "Fetch")
+    assert by_zone(unzoned) == {("", "", "Fetch"): 1}
+
+
+def test_client_zones_past_the_limit_are_counted_together() -> None:
+    meter = Meter("a")
+    for i in range(CLIENT_ZONE_LABELS + 10):
+        meter.zone_request(f"made-up-{i}", "Metadata")
+    meter.zone_request("made-up-0", "Metadata")
+    counted = by_zone(meter)
+    assert len(counted) == CLIENT_ZONE_LABELS + 1
+    assert counted["a", OTHER_ZONE, "Metadata"] == 10
+    assert counted["a", "made-up-0", "Metadata"] == 2
