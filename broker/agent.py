@@ -24,7 +24,7 @@ from broker.config import BrokerConfig
 from broker.costs import AccountingStore, Ledger
 from broker.eventlog import EventLog
 from broker.groups import GroupCoordinator
-from broker.ingest import IngestPipeline
+from broker.ingest import MAX_CONCURRENT_FLUSHES, IngestPipeline
 from broker.journal import (
     SETTLE_S,
     JournalPipeline,
@@ -46,7 +46,7 @@ from metadata.cluster import Agent as AgentInfo
 from metadata.homes import GROUP, TRANSACTION
 from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
-from storage.hedge import HedgedPuts
+from storage.hedge import HEDGE_THREADS, HedgedPuts
 from storage.objectstore import ObjectStore, open_store
 
 logger = logging.getLogger(__name__)
@@ -235,6 +235,7 @@ class Agent:
             s3_endpoint_url=config.s3_endpoint_url,
             s3_region=config.s3_region,
             s3_addressing_style=config.s3_addressing_style,
+            blocking_calls=blocking_store_calls(config),
         )
         if config.inject_put_latency_ms or config.inject_get_latency_ms:
             store = _with_injected_latency(store, config)
@@ -601,6 +602,14 @@ async def _refuses(host: str, port: int) -> bool:
     remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
     await stream.aclose()
     return local == remote
+
+
+def blocking_store_calls(config: BrokerConfig) -> int:
+    """How many blocking object-store calls an agent makes at most at once, each from a
+    thread of its own beside the store's async limit: flush uploads, their hedges,
+    compaction jobs and the cleaner."""
+    hedges = HEDGE_THREADS if config.resolved_put_hedge_percentile is not None else 0
+    return MAX_CONCURRENT_FLUSHES + hedges + config.compaction_max_jobs + 1
 
 
 def _with_injected_latency(store: ObjectStore, config: BrokerConfig) -> ObjectStore:

@@ -49,6 +49,7 @@ from storage.objectstore import ObjectStore
 logger = logging.getLogger(__name__)
 
 ACK_WITHOUT_COMMIT = "ingest.ack_without_commit"  # a fault point: test-only
+MAX_CONCURRENT_FLUSHES = 8  # uploads under way at once, each in a thread of its own
 
 
 @dataclass(slots=True)
@@ -103,7 +104,7 @@ class IngestPipeline:
         *,
         flush_interval_ms: int,
         flush_bytes: int,
-        max_concurrent_flushes: int = 8,
+        max_concurrent_flushes: int = MAX_CONCURRENT_FLUSHES,
         max_commit_delay_ms: int | None = None,
         hedge: HedgedPuts | None = None,
         meter: Meter | None = None,

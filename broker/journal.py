@@ -141,6 +141,7 @@ class JournalPipeline(IngestPipeline):
         self._sequence_files = 0
         self._sequence_opened = 0.0
         self.sequences: set[str] = set()  # every sequence this process wrote
+        self._committing = True  # False once the COMMIT_NEVER fault point fired (tests)
         self.journal_stats = JournalStats()
         # Per partition, how many answered batches wait to be sequenced.
         self._unsequenced: Counter[tuple[bytes, int]] = Counter()
@@ -299,12 +300,15 @@ class JournalPipeline(IngestPipeline):
         size = flush.size
         pause = RETRY_FIRST_S
         attempts, began = 0, time.monotonic()
-        if faults.misbehave(COMMIT_NEVER):
+        if self._committing and faults.misbehave(COMMIT_NEVER):
+            self._committing = False
             logger.warning(
-                "fault point %s (test-only): %s answered, never sequenced here",
+                "fault point %s (test-only): %s and every later flush answered, never"
+                " sequenced here",
                 COMMIT_NEVER,
                 flush.key,
             )
+        if not self._committing:
             return
         while True:
             txn = partial(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from metadata import groups as classic_groups
 from metadata import keys
-from metadata.groups import CommittedOffset, GroupFenced, OffsetToCommit
+from metadata.groups import GroupFenced, OffsetToCommit
 from metadata.kv import ReadTransaction, Transaction
 
 StoredPartitions = tuple[tuple[bytes, int], ...]
@@ -247,17 +247,7 @@ def commit_offsets(
     """Commit offsets for the group, fenced by its revision (the coordinator checked the
     member and its epoch against the group at that revision)."""
     _check_revision(tr, sub, group_id, expected_revision)
-    for o in offsets:
-        classic_groups.put_offset(
-            tr,
-            sub,
-            group_id,
-            o.topic,
-            o.partition,
-            CommittedOffset(
-                o.offset, o.leader_epoch, o.metadata, now_ms, expire_timestamp_ms, o.topic_id
-            ),
-        )
+    classic_groups.put_offsets(tr, sub, group_id, offsets, now_ms, expire_timestamp_ms)
 
 
 def delete_consumer_group_and_offsets(

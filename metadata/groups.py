@@ -297,6 +297,19 @@ def commit_offsets(
         raise GroupFenced(
             group_id, f"group {group_id!r} is at generation {found} in the store, not {generation}"
         )
+    put_offsets(tr, sub, group_id, offsets, now_ms, expire_timestamp_ms)
+    return stored.revision
+
+
+def put_offsets(
+    tr: Transaction,
+    sub: keys.Subspace,
+    group_id: str,
+    offsets: Iterable[OffsetToCommit],
+    now_ms: int,
+    expire_timestamp_ms: int | None,
+) -> None:
+    """Store the offsets, committed at now_ms (the fencing is the caller's)."""
     for o in offsets:
         put_offset(
             tr,
@@ -308,7 +321,6 @@ def commit_offsets(
                 o.offset, o.leader_epoch, o.metadata, now_ms, expire_timestamp_ms, o.topic_id
             ),
         )
-    return stored.revision
 
 
 def apply_offset(

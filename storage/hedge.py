@@ -34,6 +34,8 @@ import anyio
 
 from storage.objectstore import ObjectExistsError
 
+HEDGE_THREADS = 8  # second requests under way at once, each in a thread of its own
+
 if TYPE_CHECKING:
     from storage.objectstore import ObjectStore
 
@@ -52,7 +54,7 @@ class HedgedPuts:
         store: ObjectStore,
         *,
         percentile: float,
-        hedge_threads: int = 8,
+        hedge_threads: int = HEDGE_THREADS,
         window: int = 512,
         min_samples: int = 64,
         floor_s: float = 0.005,

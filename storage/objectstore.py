@@ -101,8 +101,10 @@ def open_store(
     s3_endpoint_url: str | None = None,
     s3_region: str | None = None,
     s3_addressing_style: str | None = None,
+    blocking_calls: int | None = None,
 ) -> ObjectStore:
-    """file:///path/to/folder (local folder) or s3://bucket/prefix."""
+    """file:///path/to/folder (local folder) or s3://bucket/prefix. `blocking_calls`: how
+    many *_sync calls the caller makes at most at once (S3: connections kept for them)."""
     if url.startswith("file://"):
         from storage.local import LocalObjectStore
 
@@ -117,5 +119,6 @@ def open_store(
             endpoint_url=s3_endpoint_url,
             region=s3_region,
             addressing_style=s3_addressing_style,
+            **({} if blocking_calls is None else {"blocking_calls": blocking_calls}),
         )
     raise ObjectStoreError(f"unknown storage URL scheme: {url!r} (expected file:// or s3://)")

@@ -5,8 +5,9 @@ Rules:
 - boto3 is blocking: every async call runs in a worker thread, at most max_concurrency
   at once. The *_sync calls come from threads of their own, outside that limit (flush
   uploads, their hedges, compaction and cleaning jobs), so the HTTP pool keeps
-  POOL_HEADROOM more connections than max_concurrency: a pool smaller than the
-  requests in flight opens a connection per request beyond it and drops it after.
+  `blocking_calls` more connections than max_concurrency (the agent counts its own,
+  broker.agent.blocking_store_calls): a pool smaller than the requests in flight opens a
+  connection per request beyond it and drops it after.
 - botocore's "standard" retry mode retries 5xx, SlowDown/throttling and connection
   errors with jittered exponential backoff. What it cannot see is retried here: a
   body that breaks off while being read, and 409 ConditionalRequestConflict.
@@ -72,9 +73,9 @@ _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 # Connections of the client that serves open range streams (read-ahead of catch-ups).
 STREAM_CONNECTIONS = 256
-# Connections kept beyond max_concurrency for the blocking calls made outside its limit:
-# 8 flushes and 8 hedges of the ingest pipeline, compaction and cleaning jobs.
-POOL_HEADROOM = 24
+# Connections kept beyond max_concurrency, by default, for the blocking calls made outside
+# its limit (what an agent with the default settings makes at most).
+BLOCKING_CALLS = 18
 
 
 class S3ObjectStore:
@@ -89,6 +90,7 @@ class S3ObjectStore:
         region: str | None = None,
         addressing_style: str | None = None,
         max_concurrency: int = 16,
+        blocking_calls: int = BLOCKING_CALLS,
         max_attempts: int = 8,
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
@@ -124,7 +126,7 @@ class S3ObjectStore:
 
         self._new_client = new_client if client is None else (lambda connections: client)
         if client is None:
-            client = new_client(max_concurrency + POOL_HEADROOM)
+            client = new_client(max_concurrency + blocking_calls)
         self._client = client
         self._stream_client: Any = None
         self._stream_client_lock = threading.Lock()

@@ -27,6 +27,14 @@ from typing import Generic, TypeVar, overload
 
 from kio.schema.errors import ErrorCode
 
+from broker.groups.actions import (
+    CancelTimeout,
+    CancelTimeouts,
+    Persist,
+    Respond,
+    ScheduleTimeout,
+    TimeoutKey,
+)
 from broker.groups.classic import (
     COMPLETING,
     DEAD,
@@ -87,7 +95,6 @@ class OffsetCommit:
 
 # Timeouts with the same key replace each other: a pending member's wait to join with its
 # id and, once it joined, its session; the initial delay and the rebalance timeout.
-TimeoutKey = tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,29 +185,6 @@ LeaveAnswer = tuple[ErrorCode, tuple[tuple[str, str | None, ErrorCode], ...]]
 
 
 @dataclass(frozen=True, slots=True)
-class Persist:
-    """Write this stored form of the group, fenced by the revision the shell last saw."""
-
-    group: groups_layer.StoredGroup
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleTimeout:
-    timeout: Timeout
-    delay_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimeout:
-    key: TimeoutKey
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimeouts:
-    """Cancel every timeout of the group."""
-
-
-@dataclass(frozen=True, slots=True)
 class ParkJoin:
     member_id: str
 
@@ -222,14 +206,9 @@ class AnswerSync:
     result: SyncResult
 
 
-@dataclass(frozen=True, slots=True)
-class Respond(Generic[A]):
-    answer: A
-
-
 Action = (
-    Persist
-    | ScheduleTimeout
+    Persist[groups_layer.StoredGroup]
+    | ScheduleTimeout[Timeout]
     | CancelTimeout
     | CancelTimeouts
     | ParkJoin

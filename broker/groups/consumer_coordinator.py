@@ -38,18 +38,20 @@ from typing import TYPE_CHECKING, TypeVar
 from kio.schema.errors import ErrorCode
 
 from broker.groups import consumer as values
-from broker.groups.classic import GroupState
-from broker.groups.consumer_machine import (
+from broker.groups.actions import (
     CancelTimeout,
     CancelTimeouts,
+    Persist,
+    Respond,
+    ScheduleTimeout,
+)
+from broker.groups.classic import GroupState
+from broker.groups.consumer_machine import (
     ConsumerGroupMachine,
     Heartbeat,
     HeartbeatAnswer,
     HeartbeatRequest,
     Load,
-    Persist,
-    Respond,
-    ScheduleTimeout,
     Timeout,
     Transition,
     check_heartbeat,

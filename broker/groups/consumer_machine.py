@@ -44,6 +44,14 @@ from typing import Generic, TypeVar, overload
 
 from kio.schema.errors import ErrorCode
 
+from broker.groups.actions import (
+    CancelTimeout,
+    CancelTimeouts,
+    Persist,
+    Respond,
+    ScheduleTimeout,
+    TimeoutKey,
+)
 from broker.groups.assignors import ASSIGNORS, MemberSpec
 from broker.groups.consumer import (
     LEAVE_GROUP_MEMBER_EPOCH,
@@ -99,9 +107,6 @@ class Heartbeat:
     api_version: int = 1
 
 
-TimeoutKey = tuple[str, ...]
-
-
 @dataclass(frozen=True, slots=True)
 class SessionExpired:
     member_id: str
@@ -153,35 +158,9 @@ Event = Heartbeat | Timeout | Load | Unload
 A = TypeVar("A")
 
 
-@dataclass(frozen=True, slots=True)
-class Persist:
-    """Write this stored form of the group, fenced by the revision the shell last saw."""
-
-    group: stored.StoredConsumerGroup
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleTimeout:
-    timeout: Timeout
-    delay_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimeout:
-    key: TimeoutKey
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimeouts:
-    """Cancel every timeout of the group."""
-
-
-@dataclass(frozen=True, slots=True)
-class Respond(Generic[A]):
-    answer: A
-
-
-Action = Persist | ScheduleTimeout | CancelTimeout | CancelTimeouts
+Action = (
+    Persist[stored.StoredConsumerGroup] | ScheduleTimeout[Timeout] | CancelTimeout | CancelTimeouts
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,13 @@ import anyio
 import anyio.abc
 from kio.schema.errors import ErrorCode
 
+from broker.groups.actions import (
+    CancelTimeout,
+    CancelTimeouts,
+    Persist,
+    Respond,
+    ScheduleTimeout,
+)
 from broker.groups.admin import DescribedGroup, GroupAdmin, ListedGroup
 from broker.groups.classic import (
     GroupState,
@@ -63,8 +70,6 @@ from broker.groups.classic_machine import (
     Action,
     AnswerJoin,
     AnswerSync,
-    CancelTimeout,
-    CancelTimeouts,
     ClassicGroupMachine,
     Deleted,
     Heartbeat,
@@ -74,9 +79,6 @@ from broker.groups.classic_machine import (
     Load,
     ParkJoin,
     ParkSync,
-    Persist,
-    Respond,
-    ScheduleTimeout,
     SyncGroup,
     Timeout,
     Transition,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
+from broker.groups.actions import CancelTimeout, Persist, Respond, ScheduleTimeout
 from broker.groups.consumer import (
     ConsumerGroup,
     ConsumerGroupState,
@@ -25,16 +26,12 @@ from broker.groups.consumer import (
     listed_state,
 )
 from broker.groups.consumer_machine import (
-    CancelTimeout,
     ConsumerGroupMachine,
     Heartbeat,
     HeartbeatAnswer,
     HeartbeatRequest,
     Load,
-    Persist,
     RebalanceExpired,
-    Respond,
-    ScheduleTimeout,
     SessionExpired,
     Transition,
     rebalance_key,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from broker.groups.actions import CancelTimeout, CancelTimeouts, Persist, Respond, ScheduleTimeout
 from broker.groups.classic import (
     ClassicGroup,
     GroupState,
@@ -31,8 +32,6 @@ from broker.groups.classic_machine import (
     SYNC_TIMEOUT_KEY,
     AnswerJoin,
     AnswerSync,
-    CancelTimeout,
-    CancelTimeouts,
     ClassicGroupMachine,
     Deleted,
     Heartbeat,
@@ -45,9 +44,6 @@ from broker.groups.classic_machine import (
     OffsetCommit,
     ParkJoin,
     ParkSync,
-    Persist,
-    Respond,
-    ScheduleTimeout,
     SyncGroup,
     SyncTimeout,
     Unload,

@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from storage.objectstore import ObjectExistsError, ObjectStoreError, open_store
-from storage.s3 import S3ObjectStore
+from storage.s3 import BLOCKING_CALLS, S3ObjectStore
 from tests.storage.conftest import make_s3_store
 from tests.storage.moto_support import TEST_BUCKET, free_port
 
@@ -104,7 +104,7 @@ async def test_blocking_calls_beside_the_limit_reuse_pooled_connections(
     # after ("Connection pool is full, discarding connection", once per request).
     data = os.urandom(4 * 1024 * 1024)
     await s3_store.put("pool/big", data)
-    extra = 20  # blocking calls at once, beside a full limit of async ones
+    extra = BLOCKING_CALLS  # blocking calls at once, beside a full limit of async ones
     start = threading.Barrier(extra)
 
     def blocking_get() -> bytes:
