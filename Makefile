@@ -55,10 +55,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The whole suite, then a second configuration: the end-to-end tests again with every
-# broker on the S3 store (a moto server) and SQLite metadata.
+# broker on the S3 store (a moto server) and SQLite metadata. Two test processes, each
+# given whole files (most tests wait on brokers, clients and timers, not on a core):
+# TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP) kcat prometheus jars lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e --object-store s3
+	$(PYTEST)
+	$(PYTEST) tests/e2e --object-store s3
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
