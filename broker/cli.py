@@ -11,6 +11,7 @@ file over the defaults. A bad value names the option and where it came from.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tomllib
@@ -82,6 +83,23 @@ def _log_format(value: str) -> str:
     if value.lower() not in logformat.FORMATS:
         raise argparse.ArgumentTypeError(f"expected {', '.join(logformat.FORMATS)}, got {value!r}")
     return value.lower()
+
+
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def _event_loop(value: str) -> str:
+    if value.lower() not in EVENT_LOOPS:
+        raise argparse.ArgumentTypeError(f"expected {', '.join(EVENT_LOOPS)}, got {value!r}")
+    return value.lower()
+
+
+def _uvloop_installed() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _listeners(value: str) -> tuple[object, ...]:
@@ -464,6 +482,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "with --authorizer: principals allowed everything, separated by ';'"
         " (User:admin;User:ops; Kafka's super.users)",
     ),
+    (
+        "event-loop",
+        _event_loop,
+        "auto",
+        "the agent's event loop: uvloop, asyncio (the standard library's), or auto: uvloop"
+        " where it is installed, else asyncio",
+    ),
     ("log-level", str, "INFO", "logging level"),
     ("log-format", _log_format, "text", "log lines as text, logfmt (key=value) or json"),
 ]
@@ -733,14 +758,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))  # exits with status 2, as for any bad option
     os.makedirs(config.data_dir, exist_ok=True)
     config = replace(config, data_dir=os.path.abspath(config.data_dir))
+    use_uvloop = args.event_loop == "uvloop" or (args.event_loop == "auto" and _uvloop_installed())
+    if args.event_loop == "uvloop" and not _uvloop_installed():
+        parser.error("--event-loop uvloop: uvloop is not installed (pip install uvloop)")
     if args.agents > 1:
         return _run_many(args, argv, config)
     from broker.memory import tune_allocator
     from broker.server import run_agent
 
     tune_allocator()
+    logging.getLogger(__name__).info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
     try:
-        anyio.run(run_agent, config)
+        anyio.run(run_agent, config, backend_options={"use_uvloop": use_uvloop})
     except KeyboardInterrupt:
         pass
     return 0

@@ -34,13 +34,12 @@ API allows, otherwise the connection is closed; the agent keeps serving everyone
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -140,8 +139,10 @@ async def send_frame(stream: anyio.abc.ByteStream, frame: Frame) -> None:
     with the large ones instead of sending each as a packet of its own. Whatever the socket
     does not take then goes through the stream as usual, which queues it in order.
     """
-    transport = getattr(stream, "_transport", None)
-    if len(frame) > 1 and isinstance(transport, asyncio.WriteTransport):
+    transport: Any = getattr(stream, "_transport", None)
+    # asyncio's transports are WriteTransports; uvloop's have the same methods but are not
+    # subclasses of it.
+    if len(frame) > 1 and hasattr(transport, "get_write_buffer_size"):
         if transport.get_write_buffer_size() == 0 and not transport.is_closing():
             fd = stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
             while frame:

@@ -133,3 +133,21 @@ async def test_no_writev_while_bytes_are_queued() -> None:
             tg.start_soon(read_rest)
             await send_frame(stream, second)
     assert head + got[0] == expected
+
+
+def test_a_frame_goes_out_in_one_writev_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop's transports are not asyncio.WriteTransport subclasses; they take the writev
+    path all the same."""
+    pytest.importorskip("uvloop", reason="uvloop is not installed")
+    calls = _counting_writev(monkeypatch)
+    frame = _frame(3, 64 * 1024)
+    expected = b"".join(frame)
+
+    async def exchange() -> bytes:
+        async with connected() as (stream, client):
+            await send_frame(stream, frame)
+            return await anyio.to_thread.run_sync(_read_exactly, client, len(expected))
+
+    received = anyio.run(exchange, backend_options={"use_uvloop": True})
+    assert received == expected
+    assert len(calls) == 1 and calls[0] == (len(frame), len(expected), len(expected))

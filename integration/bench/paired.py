@@ -1,0 +1,152 @@
+"""Before/after of one change: two bucketlog variants, interleaved, on the workloads of
+run.py that the change targets.
+
+Usage: integration/bench/paired.py --a "LABEL=ARGS" --b "LABEL=ARGS" [--runs 3]
+           [--workloads produce-1p,consume-1p,python-confluent-kafka] [--out FILE.md]
+
+A variant is a label and the extra `bucketlog serve` arguments (e.g. "asyncio=--event-loop
+asyncio"); `BENCH_BUCKETLOG_A` / `BENCH_BUCKETLOG_B` may name another command for each
+(e.g. an older checkout's `bucketlog`). Each run starts a fresh one-agent broker of each
+variant in turn (the order alternates run by run: AB, BA, AB, ...), warms it up, runs the
+workloads once, and stops it, so that both variants see the machine in the same states.
+Figures are run.py's: MB/s of the tool, broker CPU s per GB, GETs and metadata reads per
+GB. The table gives every run and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402
+
+RECORDS = 150_000
+PY_RECORDS = 500_000
+WARM_UP = 100_000
+WORKLOADS = ("produce-1p", "consume-1p", "python-confluent-kafka")
+FIGURES = ("mb_s", "produce_mb_s", "consume_mb_s", "broker_cpu_s_per_gb", "p99_ms")
+
+
+def one_run(label: str, extra: list[str], command: str | None, workloads: list[str]) -> dict:
+    previous = os.environ.get("BENCH_BUCKETLOG")
+    if command:
+        os.environ["BENCH_BUCKETLOG"] = command
+    system = bench.Bucketlog(1, extra)
+    try:
+        system.start()
+    finally:
+        if command:
+            if previous is None:
+                os.environ.pop("BENCH_BUCKETLOG", None)
+            else:
+                os.environ["BENCH_BUCKETLOG"] = previous
+    out: dict[str, Any] = {}
+    try:
+        warm = f"warm-{label}"
+        bench.create_topic(system.bootstrap, warm, 1)
+        bench.producers_perf(system.bootstrap, warm, 1, WARM_UP, "none")
+        bench.consumer_perf(system.bootstrap, warm, WARM_UP)
+        mb = RECORDS * bench.RECORD_SIZE / 1e6
+        produced = f"p1-{label}"
+        bench.create_topic(system.bootstrap, produced, 1)
+        if "produce-1p" in workloads or "consume-1p" in workloads:
+            result = bench.measure(
+                system,
+                mb,
+                lambda: bench.producers_perf(system.bootstrap, produced, 1, RECORDS, "none"),
+            )
+            if "produce-1p" in workloads:
+                out["produce-1p"] = result
+        if "consume-1p" in workloads:
+            out["consume-1p"] = bench.measure(
+                system, mb, lambda: bench.consumer_perf(system.bootstrap, produced, RECORDS)
+            )
+        if "python-confluent-kafka" in workloads:
+            py = f"py-{label}"
+            bench.create_topic(system.bootstrap, py, 1)
+            out["python-confluent-kafka"] = bench.measure(
+                system,
+                2 * PY_RECORDS * bench.RECORD_SIZE / 1e6,
+                lambda: bench.python_workload(system.bootstrap, py, PY_RECORDS),
+            )
+    finally:
+        system.stop()
+    return out
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    label, _, args = text.partition("=")
+    return label, args.split()
+
+
+def table(results: dict[str, list[dict]], workloads: list[str]) -> list[str]:
+    lines = ["| workload | figure | " + " | ".join(results) + " | b / a (medians) |"]
+    lines.append("|---|---|" + "---|" * len(results) + "---|")
+    a, b = list(results)
+    for workload in workloads:
+        for figure in FIGURES:
+            cells, medians = [], []
+            for label in (a, b):
+                values = [
+                    r[workload][figure] for r in results[label] if figure in r.get(workload, {})
+                ]
+                if not values:
+                    break
+                med = statistics.median(values)
+                medians.append(med)
+                runs = ", ".join(f"{v:g}" for v in values)
+                cells.append(f"**{med:.4g}** ({runs})")
+            if len(medians) == 2:
+                ratio = f"{medians[1] / medians[0]:.2f}" if medians[0] else "-"
+                lines.append(f"| {workload} | {figure} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", required=True, help="LABEL=ARGS of the first variant")
+    parser.add_argument("--b", required=True, help="LABEL=ARGS of the second variant")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--out", help="write the table to this markdown file too")
+    args = parser.parse_args()
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
+    variants = [parse_variant(args.a), parse_variant(args.b)]
+    commands = [os.environ.get("BENCH_BUCKETLOG_A"), os.environ.get("BENCH_BUCKETLOG_B")]
+    results: dict[str, list[dict]] = {label: [] for label, _ in variants}
+    started = datetime.datetime.now(datetime.UTC)
+    for run in range(args.runs):
+        order = [0, 1] if run % 2 == 0 else [1, 0]
+        for index in order:
+            label, extra = variants[index]
+            result = one_run(label, extra, commands[index], workloads)
+            results[label].append(result)
+            summary = {w: {f: r[f] for f in FIGURES if f in r} for w, r in result.items()}
+            print(f"[{datetime.datetime.now():%H:%M:%S}] run {run + 1} {label}: {summary}")
+    lines = [
+        f"# Paired: {variants[0][0]} vs {variants[1][0]}",
+        "",
+        f"{started:%Y-%m-%d %H:%M} UTC, {args.runs} interleaved runs each, one agent;"
+        f" a: `{' '.join(variants[0][1]) or '(defaults)'}`,"
+        f" b: `{' '.join(variants[1][1]) or '(defaults)'}`. Machine: {bench.machine()}",
+        "",
+        *table(results, workloads),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
