@@ -392,7 +392,16 @@ class BackgroundProducer(threading.Thread):
     def run(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "acks": "all"})
+        # Idempotent: a produce retried after an agent's kill -9 (its commit landed, its
+        # answer lost) is not written twice, so a value seen twice is the consumers' doing.
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "linger.ms": 5,
+                "acks": "all",
+                "enable.idempotence": True,
+            }
+        )
 
         def delivered(err: Any, msg: Any) -> None:
             if err is not None:
