@@ -143,7 +143,9 @@ def consume_all(
         while not partitions and time.monotonic() < deadline:
             time.sleep(0.2)
             partitions = consumer.partitions_for_topic(topic)
-        tps = [TopicPartition(topic, p) for p in sorted(partitions or ())]
+        # An unknown topic is the caller's mistake or the broker's fault, never "no records".
+        assert partitions, f"{topic}: no partitions known to the consumer after 20 s"
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         end = consumer.end_offsets(tps)
