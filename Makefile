@@ -55,10 +55,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The whole suite, then a second configuration: the end-to-end tests again with every
-# broker on the S3 store (a moto server) and SQLite metadata. Two test processes, each
-# given whole files (most tests wait on brokers, clients and timers, not on a core):
-# TEST_WORKERS=0 runs them in this one process.
-TEST_WORKERS ?= 2
+# broker on the S3 store (a moto server) and SQLite metadata, in this one process.
+# TEST_WORKERS=2 runs them in two processes, each given whole files: 11 minutes instead
+# of 21 on 2 cores, but timing-bound tests still fail there now and then (see README).
+TEST_WORKERS ?= 0
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP) kcat prometheus jars lint
 	$(PYTEST)
