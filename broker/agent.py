@@ -381,7 +381,7 @@ class Agent:
         while True:
             await anyio.sleep(TRANSACTION_CHECK_SECONDS)
             try:
-                await abort_expired(self, self.coordinates_transaction)
+                await abort_expired(self, self.coordinated_transactions)
             except KVError as exc:
                 self.store_failure("transaction timeout check failed: %s", exc)
             except Exception:
@@ -575,15 +575,20 @@ class Agent:
         live = self.live_agents()
         return placement.coordinator_for(key, placement.serving(live, self.homes.home(kind, key)))
 
-    async def coordinates_transaction(self, transactional_id: str) -> bool:
-        await self.load_homes(TRANSACTION, [transactional_id])
-        return self.coordinator_for(transactional_id, TRANSACTION).node_id == self.node_id
+    async def coordinated_transactions(self, transactional_ids: list[str]) -> set[str]:
+        """Those of the transactional ids this agent coordinates (their homes read in one
+        go first)."""
+        await self.load_homes(TRANSACTION, transactional_ids)
+        return {
+            tid
+            for tid in transactional_ids
+            if self.coordinator_for(tid, TRANSACTION).node_id == self.node_id
+        }
 
-    def leader_for(self, topic_id: bytes, partition: int, zone: str | None = None) -> int:
-        """Every agent accepts every partition; clients still want one leader each: for a
-        client of `zone`, one among the live agents of that zone, if any."""
-        agents = placement.serving(self.live_agents(), zone)
-        return placement.leader_for(topic_id, partition, agents).node_id
+    def leader_for(self, topic_id: bytes, partition: int) -> int:
+        """Every agent accepts every partition; clients still want one leader each. This
+        is the one every client is given for a lightning partition (broker.describe)."""
+        return placement.leader_for(topic_id, partition, self.live_agents()).node_id
 
 
 async def _refuses(host: str, port: int) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from broker import placement
 from broker.context import AgentServices
 from broker.topic_configs import LIGHTNING, TOPIC_TYPE
 from metadata import topics as topics_layer
@@ -36,9 +37,10 @@ def partition_entries(
         agent.in_outage() or agent.topic_config(topic, TOPIC_TYPE) == LIGHTNING
     ):
         zone = None  # one leader for every client (see module)
+    agents = agent.serving_agents(zone)  # read once for all the topic's partitions
     entries = []
     for p in range(topic.partitions):
-        leader = agent.leader_for(topic.topic_id, p, zone)
+        leader = placement.leader_for(topic.topic_id, p, agents).node_id
         entries.append(
             {
                 "error_code": ErrorCode.none,

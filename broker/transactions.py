@@ -257,9 +257,12 @@ async def init_transactional_producer(
     raise MetadataError(ErrorCode.concurrent_transactions)
 
 
-async def abort_expired(agent: AgentServices, is_mine: Callable[[str], Awaitable[bool]]) -> int:
+async def abort_expired(
+    agent: AgentServices, mine: Callable[[list[str]], Awaitable[set[str]]]
+) -> int:
     """Abort (and fence) every ongoing transaction past its timeout that this agent
-    coordinates (`is_mine` of its transactional id); returns how many were aborted."""
+    coordinates (`mine`: those of the transactional ids it coordinates); returns how many
+    were aborted."""
     now = now_ms()
     expired = [
         t
@@ -268,7 +271,9 @@ async def abort_expired(agent: AgentServices, is_mine: Callable[[str], Awaitable
         and t.started_ms >= 0
         and t.started_ms + t.timeout_ms < now
     ]
-    expired = [t for t in expired if await is_mine(t.transactional_id)]
+    if expired:
+        coordinated = await mine([t.transactional_id for t in expired])
+        expired = [t for t in expired if t.transactional_id in coordinated]
     aborted = 0
     for t in expired:
         try:

@@ -225,7 +225,7 @@ def test_a_key_whose_home_zone_lost_its_agents_moves_to_the_others(agent) -> Non
         expected = placement.coordinator_for("txn-1", agent.live).node_id
         assert agent.coordinator_for("txn-1", homes.TRANSACTION).node_id == expected
         agent.node_id = expected
-        assert await agent.coordinates_transaction("txn-1")
+        assert await agent.coordinated_transactions(["txn-1"]) == {"txn-1"}
 
     anyio.run(scenario)
 
@@ -238,9 +238,9 @@ def test_the_transaction_timeout_check_reads_the_home_before_it_answers(agent) -
         tid = next(k for k in KEYS if placement.coordinator_for(k, agent.live).node_id != 1)
         await agent.kv.transact(lambda tr: homes.claim(tr, agent.sub, homes.TRANSACTION, tid, "b"))
         agent.node_id = 1
-        assert await agent.coordinates_transaction(tid)
+        assert await agent.coordinated_transactions([tid]) == {tid}
         agent.node_id = placement.coordinator_for(tid, agent.live).node_id
-        assert not await agent.coordinates_transaction(tid)
+        assert await agent.coordinated_transactions([tid]) == set()
 
     anyio.run(scenario)
 
