@@ -22,7 +22,6 @@ Rules:
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -41,7 +40,6 @@ _ENDS = (",", " ", "\t", "\n", "\r")
 V = TypeVar("V")
 
 
-@functools.lru_cache(maxsize=4096)
 def client_zone(client_id: str | None) -> str | None:
     """The zone a client.id names (see module), or None."""
     if not client_id:
