@@ -758,8 +758,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))  # exits with status 2, as for any bad option
     os.makedirs(config.data_dir, exist_ok=True)
     config = replace(config, data_dir=os.path.abspath(config.data_dir))
-    use_uvloop = args.event_loop == "uvloop" or (args.event_loop == "auto" and _uvloop_installed())
-    if args.event_loop == "uvloop" and not _uvloop_installed():
+    use_uvloop = args.event_loop != "asyncio" and _uvloop_installed()
+    if args.event_loop == "uvloop" and not use_uvloop:
         parser.error("--event-loop uvloop: uvloop is not installed (pip install uvloop)")
     if args.agents > 1:
         return _run_many(args, argv, config)
