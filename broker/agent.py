@@ -210,6 +210,8 @@ class Agent:
                 max_jobs=config.compaction_max_jobs,
                 lease_ms=config.compaction_lease_ms,
                 retention_span_percent=config.compaction_retention_span_percent,
+                l2_max_inputs=config.compaction_l2_max_inputs,
+                l2_max_wait_ms=config.compaction_l2_max_wait_ms,
                 cleaner_enabled=config.log_cleaner_enable,
                 delete_delay_ms=config.object_delete_delay_ms,
                 orphan_min_age_ms=config.orphan_min_age_ms,

@@ -362,7 +362,7 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "compaction-max-inputs",
         _positive,
         32,
-        "objects one job merges at most, at each level (WarpStream's 32)",
+        "ingest files one level-1 job merges at most (WarpStream's 32)",
     ),
     (
         "compaction-max-job-bytes",
@@ -398,6 +398,21 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         10,
         "a level-2 object covers at most this share of its topic's retention.ms by record"
         " timestamps, so that time retention frees it at most that much late",
+    ),
+    (
+        "compaction-l2-max-inputs",
+        _positive,
+        256,
+        "level-1 objects one level-2 job merges at most; a partition's level-1 entries in"
+        " that many objects start a level-2 job (--compaction-max-entries bounds it too)",
+    ),
+    (
+        "compaction-l2-max-wait-ms",
+        _positive,
+        600_000,
+        "how long a partition's oldest level-1 data waits at most before a level-2 job"
+        " merges it (once it is in two objects); a topic with time retention waits at most"
+        " its span too (--compaction-retention-span-percent of retention.ms)",
     ),
     (
         "log-cleaner-enable",
@@ -697,6 +712,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_max_jobs=args.compaction_max_jobs,
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,
+        compaction_l2_max_inputs=args.compaction_l2_max_inputs,
+        compaction_l2_max_wait_ms=args.compaction_l2_max_wait_ms,
         log_cleaner_enable=args.log_cleaner_enable,
         log_cleaner_backoff_ms=args.log_cleaner_backoff_ms,
         log_cleaner_dedupe_buffer_size=args.log_cleaner_dedupe_buffer_size,

@@ -5,8 +5,11 @@ The metadata side (plans, claims, the re-pointing commit) is `metadata.compactio
 Rules:
 
 - Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs
-  (ingest files into one object) first, then level-2 jobs (one partition's level-1
-  entries into an object of its own); at most `max_jobs` at once. Any agent runs any
+  (up to `max_inputs` ingest files into one object) first, then level-2 jobs (one
+  partition's level-1 entries, from up to `l2_max_inputs` objects, into an object of its
+  own, once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
+  `l2_max_wait_ms`, or the topic's retention span if that is shorter); at most
+  `max_jobs` at once. Any agent runs any
   job: a plan claims its inputs in the metadata store, and a dead agent's claims expire
   after `lease_ms`.
 - A job reads its input entries (whole objects this agent has in its cache, otherwise
@@ -70,6 +73,8 @@ class CompactionSettings:
     max_jobs: int = 1
     lease_ms: int = 120_000
     retention_span_percent: int = 10
+    l2_max_inputs: int = 256
+    l2_max_wait_ms: int = 600_000
     cleaner_enabled: bool = True  # compacted topics' level 2 is their cleaner's
     # From the object lifecycle.
     delete_delay_ms: int = 60_000
@@ -77,7 +82,7 @@ class CompactionSettings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_inputs, self.max_job_bytes, self.max_entries)
+        return Limits(self.max_inputs, self.max_job_bytes, self.max_entries, self.l2_max_inputs)
 
 
 @dataclass(slots=True)
@@ -280,7 +285,15 @@ class Compaction:
         if plan is None:
             plan = await agent.kv.transact(
                 lambda tr: compaction_layer.plan_l2(
-                    tr, agent.sub, node_id, now, s.limits, s.lease_ms, spans, cleaned
+                    tr,
+                    agent.sub,
+                    node_id,
+                    now,
+                    s.limits,
+                    s.lease_ms,
+                    spans,
+                    cleaned,
+                    max_wait_ms=s.l2_max_wait_ms,
                 )
             )
         return plan

@@ -101,6 +101,8 @@ class BrokerConfig:
     compaction_max_jobs: int = 1
     compaction_lease_ms: int = 120_000
     compaction_retention_span_percent: int = 10
+    compaction_l2_max_inputs: int = 256
+    compaction_l2_max_wait_ms: int = 600_000
     # Lightning topics' journal (broker.journal).
     journal_files_per_sequence: int = 1000
     journal_sequence_ms: int = 600_000

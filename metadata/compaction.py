@@ -3,8 +3,11 @@
 Levels. An ingest file is level 0: it holds many partitions, a little of each. A level-1
 job merges up to `max_inputs` level-0 objects older than a minimum age into one object
 that holds, per partition, the batches of all its inputs in offset order. A level-2 job
-merges one partition's consecutive entries in level-1 objects into an object of that
-partition alone. Batches are copied byte for byte; no offset ever changes.
+merges one partition's consecutive entries in up to `l2_max_inputs` level-1 objects into
+an object of that partition alone. It starts once the partition's level-1 entries hold
+`max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them has waited
+`max_wait_ms` (less on a topic whose retention span is shorter: waiting longer than a
+run may cover gains nothing). Batches are copied byte for byte; no offset ever changes.
 
 Rules:
 
@@ -17,9 +20,11 @@ Rules:
   jobs planned meanwhile take other inputs; once the claim expires (its agent died) any
   agent may plan the inputs again. A claim only saves work: the commit checks all it
   changes, so two jobs over the same entries commit at most once.
-- A plan is bounded: at most `max_inputs` objects, `max_bytes` of entries (what the job
-  reads and holds) and `max_entries` entries (what its commit clears and writes, so that
-  it fits FoundationDB's limits: < 10 MB, < 5 s).
+- A plan is bounded: at most `max_inputs` objects (`l2_max_inputs` at level 2),
+  `max_bytes` of entries (what the job reads and holds) and `max_entries` entries (what
+  its commit clears and writes, so that it fits FoundationDB's limits: < 10 MB, < 5 s).
+  Every input object gives a level-2 job one entry at least, so `max_entries` bounds its
+  objects too, whatever `l2_max_inputs` is.
 - `commit_job` is the one transaction that makes a job's output part of the logs. Only
   if the topics still exist and every input entry is still exactly what the plan read
   does it replace them with the output's entries, write the output's OBJECT record and
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from metadata import keys
@@ -62,9 +67,10 @@ PASSED_OVER = 8  # runs inside one object a level-2 plan passes over, at most
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_inputs: int = 32
+    max_inputs: int = 32  # objects of a level-1 job
     max_bytes: int = 64 * 1024 * 1024
     max_entries: int = 2_000
+    l2_max_inputs: int = 256  # objects of a level-2 job
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,9 @@ class Plan:
     entries: tuple[JobEntry, ...]
     queued: tuple[tuple[int, str], ...] = ()  # (created_ms, key) of level-0 inputs
     partition: tuple[bytes, int] | None = None  # the partition of a level-2 job
+    # Of a level-2 job: when the level-1 object holding its last entry was written. What
+    # the run leaves in level 1 came in that object or (nearly always) after it.
+    last_input_created_ms: int = 0
 
     @property
     def input_keys(self) -> list[str]:
@@ -199,22 +208,60 @@ def _claim(node_id: int, now_ms: int, lease_ms: int) -> bytes:
 @dataclass(frozen=True, slots=True)
 class _L1Row:
     """(L1_PARTITION, topic, partition): roughly what of the partition waits in level 1
-    (retention may have taken some since; a plan reads the entries themselves)."""
+    (retention may have taken some since; a plan reads the entries themselves).
+
+    `oldest_ms`: when the oldest of it arrived in level 1. Set when the row is created,
+    kept while the row grows, and moved on (never back) when a job or a plan takes the
+    head of the row: to when the level-1 object holding the run's last entry was written
+    (what is left came in that object or after it). Rows written before this field have
+    five fields and read as 0: their partitions are due for level 2 at once rather than
+    never, since a partition that gets no more level-1 data never has its row written
+    again to start a wait, and its data has waited since before the upgrade anyway.
+    """
 
     size: int  # bytes
     objects: int
     first_offset: int
     node_id: int = NOBODY
     expires_ms: int = 0
+    oldest_ms: int = 0
 
     def pack(self) -> bytes:
         return keys.pack_value(
-            (self.size, self.objects, self.first_offset, self.node_id, self.expires_ms)
+            (
+                self.size,
+                self.objects,
+                self.first_offset,
+                self.node_id,
+                self.expires_ms,
+                self.oldest_ms,
+            )
         )
 
     @staticmethod
     def unpack(raw: bytes) -> _L1Row:
         return _L1Row(*(int(v) for v in keys.unpack_value(raw)))
+
+    def unclaimed(self) -> _L1Row:
+        return replace(self, node_id=NOBODY, expires_ms=0)
+
+    def due(self, now_ms: int, limits: Limits, max_wait_ms: int) -> bool:
+        """Whether a level-2 job should start: enough bytes, enough objects, or data that
+        has waited long enough (and two objects to merge at least)."""
+        return (
+            self.size >= limits.max_bytes
+            or self.objects >= limits.l2_max_inputs
+            or (self.objects >= 2 and now_ms - self.oldest_ms >= max_wait_ms)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A run of consecutive level-1 entries of one partition, as `_level_one_run` found it."""
+
+    entries: list[ChunkEntry]
+    ended: bool  # an entry after it ends it (False: a later one may extend it)
+    last_created_ms: int  # when the object holding its last entry was written
 
 
 def _level_one_run(
@@ -225,11 +272,10 @@ def _level_one_run(
     first_offset: int,
     limits: Limits,
     max_span_ms: int | None,
-) -> tuple[list[ChunkEntry], bool]:
+) -> _Run:
     """The first run of consecutive entries in level-1 objects from first_offset on,
-    within the limits and, by their timestamps, max_span_ms; and whether an entry after
-    it ends it (False: the partition's entries ran out, a later one may extend it)."""
-    levels: dict[str, int | None] = {}
+    within the limits and, by their timestamps, max_span_ms."""
+    records: dict[str, ObjectRecord | None] = {}
     run: list[ChunkEntry] = []
     run_bytes = 0
     objects: set[str] = set()
@@ -237,12 +283,12 @@ def _level_one_run(
     skipped = 0
     for entry in iter_entries(tr, sub, topic_id, partition, first_offset, SCAN):
         key = entry.object_key
-        if key not in levels:
-            record = get_object(tr, sub, key)
-            levels[key] = None if record is None else record.level
-        if levels[key] != L1:
+        if key not in records:
+            records[key] = get_object(tr, sub, key)
+        record = records[key]
+        if record is None or record.level != L1:
             if run:
-                return run, True
+                return _run(run, True, records)
             skipped += 1
             if skipped > SCAN:
                 break  # level-1 entries this far on are for a later plan
@@ -253,10 +299,10 @@ def _level_one_run(
                 entry.base_offset != run[-1].last_offset + 1
                 or run_bytes + entry.length > limits.max_bytes
                 or len(run) == limits.max_entries
-                or (key not in objects and len(objects) == limits.max_inputs)
+                or (key not in objects and len(objects) == limits.l2_max_inputs)
                 or (max_span_ms is not None and span > max_span_ms)
             ):
-                return run, True
+                return _run(run, True, records)
         else:
             lowest_ts = highest_ts = entry.max_timestamp
         run.append(entry)
@@ -264,7 +310,12 @@ def _level_one_run(
         objects.add(key)
         lowest_ts = min(lowest_ts, entry.max_timestamp)
         highest_ts = max(highest_ts, entry.max_timestamp)
-    return run, False
+    return _run(run, False, records)
+
+
+def _run(run: list[ChunkEntry], ended: bool, records: Mapping[str, ObjectRecord | None]) -> _Run:
+    last = records.get(run[-1].object_key) if run else None
+    return _Run(run, ended, 0 if last is None else last.created_ms)
 
 
 def plan_l2(
@@ -276,14 +327,18 @@ def plan_l2(
     lease_ms: int,
     max_span_ms: Mapping[bytes, int] | None = None,
     cleaned_topics: Collection[bytes] = (),
+    *,
+    max_wait_ms: int,
 ) -> Plan | None:
-    """Claim one partition whose level-1 entries hold max_bytes or come from max_inputs
-    objects, and plan its first run of consecutive level-1 entries (those of two objects
-    at least; a run inside one object is read in one piece already, and is passed over).
+    """Claim one partition whose level-1 entries are due for level 2 (they hold max_bytes,
+    come from l2_max_inputs objects, or the oldest of them has waited max_wait_ms), and
+    plan its first run of consecutive level-1 entries (those of two objects at least; a
+    run inside one object is read in one piece already, and is passed over).
 
     `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
-    that retention by time never waits long for the rest of an object). None when no
-    partition has such a run.
+    that retention by time never waits long for the rest of an object); such a topic's
+    level-1 data waits at most that long too, since a longer wait makes no longer runs.
+    None when no partition has such a run.
 
     `cleaned_topics` (compacted topics) are left to their cleaner, which writes objects of
     one partition itself: their rows go.
@@ -299,37 +354,51 @@ def plan_l2(
         if topic_id in cleaned_topics:
             tr.clear(row_key)
             continue
-        if row.size < limits.max_bytes and row.objects < limits.max_inputs:
+        span = spans.get(topic_id)
+        wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
+        if not row.due(now_ms, limits, wait_ms):
             continue
         offset = row.first_offset
         for _ in range(PASSED_OVER):
-            span = spans.get(topic_id)
-            run, ended = _level_one_run(tr, sub, topic_id, partition, offset, limits, span)
-            if not run:
+            run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span)
+            if not run.entries:
                 tr.clear(row_key)  # nothing (left) in level 1: the row was stale
                 break
-            if len({e.object_key for e in run}) >= 2:
-                claimed = _L1Row(
-                    row.size, row.objects, run[0].base_offset, node_id, now_ms + lease_ms
+            first = run.entries[0]
+            if len({e.object_key for e in run.entries}) >= 2:
+                claimed = replace(
+                    row,
+                    first_offset=first.base_offset,
+                    node_id=node_id,
+                    expires_ms=now_ms + lease_ms,
                 )
                 tr.set(row_key, claimed.pack())
                 return Plan(
                     L2,
-                    tuple(JobEntry(topic_id, partition, e) for e in run),
+                    tuple(JobEntry(topic_id, partition, e) for e in run.entries),
                     partition=(topic_id, partition),
+                    last_input_created_ms=run.last_created_ms,
                 )
-            run_bytes = sum(e.length for e in run)
-            if not ended:
+            run_bytes = sum(e.length for e in run.entries)
+            oldest = max(row.oldest_ms, run.last_created_ms)
+            if not run.ended:
                 # The partition's last level-1 entries, in one object: they wait for the
                 # next level-1 objects of the partition.
-                tr.set(row_key, _L1Row(run_bytes, 1, run[0].base_offset).pack())
+                tr.set(row_key, _L1Row(run_bytes, 1, first.base_offset, oldest_ms=oldest).pack())
                 break
             # A run inside one object that can grow no more: passed over for good.
-            row = _L1Row(row.size - run_bytes, row.objects - 1, run[-1].last_offset + 1)
+            row = _L1Row(
+                row.size - run_bytes,
+                row.objects - 1,
+                run.entries[-1].last_offset + 1,
+                oldest_ms=oldest,
+            )
             if row.objects <= 0 or row.size <= 0:
                 tr.clear(row_key)
                 break
             tr.set(row_key, row.pack())
+            if not row.due(now_ms, limits, wait_ms):
+                break  # what is left is not due yet
             offset = row.first_offset
     return None
 
@@ -449,7 +518,7 @@ def release(tr: Transaction, sub: keys.Subspace, plan: Plan, node_id: int) -> No
         if raw is not None:
             row = _L1Row.unpack(raw)
             if row.node_id == node_id:
-                tr.set(row_key, _L1Row(row.size, row.objects, row.first_offset).pack())
+                tr.set(row_key, row.unclaimed().pack())
 
 
 def discard_output(
@@ -494,7 +563,7 @@ def commit_job(
     tally(tr, sub, "chunk_entries", len(outputs) - len(plan.entries))
     if plan.level == L1:
         for topic_id, partition, entries in plan.partitions():
-            _add_level_one(tr, sub, topic_id, partition, entries)
+            _add_level_one(tr, sub, topic_id, partition, entries, now_ms)
     release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
     if plan.level == L2 and plan.partition is not None:
         _took_level_one(tr, sub, plan)
@@ -527,22 +596,27 @@ def _clear_inputs(
 
 
 def _add_level_one(
-    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entries: list[ChunkEntry]
+    tr: Transaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    entries: list[ChunkEntry],
+    now_ms: int,
 ) -> None:
+    """A level-1 object written at now_ms holds these entries of the partition."""
     row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
     raw = tr.get(row_key)
     added = sum(e.length for e in entries)
     first = entries[0].base_offset
     if raw is None:
-        row = _L1Row(added, 1, first)
+        row = _L1Row(added, 1, first, oldest_ms=now_ms)
     else:
-        old = _L1Row.unpack(raw)
-        row = _L1Row(
-            old.size + added,
-            old.objects + 1,
-            min(old.first_offset, first),
-            old.node_id,
-            old.expires_ms,
+        old = _L1Row.unpack(raw)  # its claim and its oldest data stay
+        row = replace(
+            old,
+            size=old.size + added,
+            objects=old.objects + 1,
+            first_offset=min(old.first_offset, first),
         )
     tr.set(row_key, row.pack())
 
@@ -554,10 +628,14 @@ def _took_level_one(tr: Transaction, sub: keys.Subspace, plan: Plan) -> None:
     if raw is None:
         return
     old = _L1Row.unpack(raw)
-    first = old.first_offset
+    first, oldest = old.first_offset, old.oldest_ms
     if first >= plan.entries[0].entry.base_offset:  # no level-1 entries before the run came
         first = plan.entries[-1].entry.last_offset + 1
-    row = _L1Row(old.size - plan.input_bytes, old.objects - len(plan.input_keys), first)
+        # What is left came in the run's last object or after it.
+        oldest = max(oldest, plan.last_input_created_ms)
+    row = _L1Row(
+        old.size - plan.input_bytes, old.objects - len(plan.input_keys), first, oldest_ms=oldest
+    )
     if row.size <= 0 or row.objects <= 0:
         tr.clear(row_key)
     else:

@@ -35,8 +35,11 @@ too unless noted.
                                                     level-0 object with live entries, waiting
                                                     for compaction; a claim while a job has it
   (L1_PARTITION, topic_id, partition)              (bytes, objects, first_offset, node_id,
-                                                    claim_expires_ms) -- a partition with
-                                                    entries in level-1 objects, waiting for L2
+                                                    claim_expires_ms, oldest_ms) -- a
+                                                    partition with entries in level-1
+                                                    objects, waiting for L2; oldest_ms (when
+                                                    the oldest arrived) is missing in older
+                                                    records
   (CLEANER, topic_id, partition)                   (first_dirty_offset,) of a compacted
                                                     partition cleaned before
   (DEAD_OBJECT, due_ms, key)                       (size,) -- the deletion queue

@@ -7,6 +7,7 @@ import dataclasses
 import uuid
 from pathlib import Path
 
+import anyio
 import pytest
 
 from broker.compaction import Compaction, CompactionSettings, build_output
@@ -154,3 +155,50 @@ async def test_a_job_that_fails_leaves_its_inputs_claimed_and_the_next_pass_plan
     assert await job.run_pass() == 1
     entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
     assert [e.object_key.split("/")[0] for e in entries] == ["ingest", "ingest", "compacted"]
+
+
+async def test_level_two_waits_for_its_oldest_data_then_takes_every_level_one_object(setup):
+    kv, store, topic = setup
+    for i in range(10):
+        _ingest(kv, store, topic, f"ingest/{i}", {0: [[b"v%d" % i]]})
+    agent = _Agent(kv, store)
+
+    def entries() -> list[log.ChunkEntry]:
+        return kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+
+    def objects() -> list[str]:
+        return list(dict.fromkeys(e.object_key for e in entries()))
+
+    # Five level-1 objects, far from 256 or 64 MiB: level 2 waits (10 minutes by default).
+    waiting = Compaction(agent, CompactionSettings(max_inputs=2, min_age_ms=1))
+    assert await waiting.run_pass() == 5
+    assert (waiting.stats.l1_jobs, waiting.stats.l2_jobs) == (5, 0)
+    level_one = objects()
+    assert len(level_one) == 5
+    await anyio.sleep(0.01)
+    # Once the oldest has waited (here 5 ms), one job takes all five.
+    due = Compaction(agent, CompactionSettings(max_inputs=2, min_age_ms=1, l2_max_wait_ms=5))
+    assert await due.run_pass() == 1
+    assert due.stats.l2_jobs == 1
+    (output,) = objects()
+    assert output not in level_one
+    data = store.get_sync(output)
+    values = [v for e in entries() for v in _values(data[e.start : e.start + e.length])]
+    assert values == [b"v%d" % i for i in range(10)]
+
+
+async def test_the_level_two_options_reach_the_agents_compaction(tmp_path, monkeypatch):
+    from broker.agent import Agent
+    from broker.cli import config_from_args, parse_serve_args
+
+    monkeypatch.setenv("BUCKETLOG_COMPACTION_L2_MAX_WAIT_MS", "1234")
+    argv = ["serve", "--data-dir", str(tmp_path), "--compaction-l2-max-inputs", "40"]
+    agent = Agent.open(config_from_args(parse_serve_args(argv)[1]))
+    try:
+        s = agent.compaction.settings
+        assert (s.l2_max_inputs, s.l2_max_wait_ms) == (40, 1234)
+        assert (s.limits.max_inputs, s.limits.l2_max_inputs) == (32, 40)
+    finally:
+        await agent.aclose()
+    with pytest.raises(SystemExit):  # refused as every other non-positive count
+        parse_serve_args(["serve", "--compaction-l2-max-inputs", "0"])

@@ -2,8 +2,8 @@
 partition, and every record reads back exactly as it was produced.
 
 Brokers here look for jobs every 200 ms and merge ingest files as soon as they exist,
-four at a time (so that a few dozen flushes reach level 2); data is produced with
-compaction off first where the test compares before with after.
+four at a time at each level (so that a few dozen flushes reach level 2); data is
+produced with compaction off first where the test compares before with after.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ COMPACT = [
     "--compaction-min-age-ms",
     "1",
     "--compaction-max-inputs",
+    "4",
+    "--compaction-l2-max-inputs",
     "4",
     "--compaction-lease-ms",
     "3000",

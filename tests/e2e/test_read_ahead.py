@@ -70,6 +70,7 @@ def test_a_catch_up_of_large_level_two_objects_reads_stretches_of_them(start_bro
             "--compaction-min-age-ms", "1",
             "--compaction-interval-ms", "200",
             "--compaction-max-inputs", "8",
+            "--compaction-l2-max-inputs", "8",
         ],
         data_dir=data_dir,
         port=writer.port,

@@ -25,6 +25,7 @@ from tests.metadata.test_lifecycle import (
 
 NOW = 10_000
 LEASE = 5_000
+NEVER = 10**12  # a level-2 wait that never passes here
 HEADER = 8  # where an output's first chunk starts (storage.ingest's header)
 
 
@@ -34,9 +35,13 @@ def _plan_l1(kv: KV, node: int = 1, now: int = NOW, min_age: int = 0, **limits) 
     )
 
 
-def _plan_l2(kv: KV, node: int = 1, now: int = NOW, spans=None, **limits) -> Plan | None:
+def _plan_l2(
+    kv: KV, node: int = 1, now: int = NOW, spans=None, wait: int = NEVER, **limits
+) -> Plan | None:
     return kv.transact_sync(
-        lambda tr: compaction.plan_l2(tr, SUB, node, now, Limits(**limits), LEASE, spans)
+        lambda tr: compaction.plan_l2(
+            tr, SUB, node, now, Limits(**limits), LEASE, spans, max_wait_ms=wait
+        )
     )
 
 
@@ -116,7 +121,7 @@ def test_a_level_one_job_replaces_exactly_the_planned_entries(kv):
         "chunk_entries": 2,
     }
     # Both partitions now wait for level 2: (bytes, objects, first offset, unclaimed).
-    assert _l1_rows(kv) == {0: (300, 1, 0, -1, 0), 1: (200, 1, 0, -1, 0)}
+    assert _l1_rows(kv) == {0: (300, 1, 0, -1, 0, NOW), 1: (200, 1, 0, -1, 0, NOW)}
 
 
 def test_output_entries_hold_runs_of_consecutive_offsets_up_to_the_entry_size(kv):
@@ -269,13 +274,13 @@ def _two_level_one_objects(kv: KV) -> topics.Topic:
 
 def test_a_level_two_job_gathers_one_partitions_level_one_entries(kv):
     topic = _two_level_one_objects(kv)
-    assert _l1_rows(kv) == {0: (400, 2, 0, -1, 0), 1: (100, 1, 0, -1, 0)}
-    assert _plan_l2(kv, max_inputs=3) is None  # neither 3 objects nor max_bytes yet
-    plan = _plan_l2(kv, max_inputs=2)
+    assert _l1_rows(kv) == {0: (400, 2, 0, -1, 0, NOW), 1: (100, 1, 0, -1, 0, NOW)}
+    assert _plan_l2(kv, l2_max_inputs=3) is None  # neither 3 objects nor max_bytes yet
+    plan = _plan_l2(kv, l2_max_inputs=2)
     assert plan.level == L2 and plan.partition == (topic.topic_id, 0)
     assert plan.input_keys == ["x", "y"]
-    assert _l1_rows(kv)[0][3:] == (1, NOW + LEASE)  # claimed
-    assert _plan_l2(kv, node=2, max_inputs=2) is None  # p1 waits for more
+    assert _l1_rows(kv)[0][3:5] == (1, NOW + LEASE)  # claimed
+    assert _plan_l2(kv, node=2, l2_max_inputs=2) is None  # p1 waits for more
 
     assert _commit(kv, plan, "z", size=408).committed
     assert _full_entries(kv, topic, 0) == [log.ChunkEntry("z", HEADER, 400, 0, 3, 4, 40)]
@@ -285,32 +290,127 @@ def test_a_level_two_job_gathers_one_partitions_level_one_entries(kv):
     assert _object(kv, "y") == lifecycle.ObjectRecord(1000, 0, NOW, NOW, L1)
     assert _object(kv, "z") == lifecycle.ObjectRecord(408, 1, NOW, None, L2)
     assert _reverse(kv, "x") == [(1, 0, 0)]
-    assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0)}
+    assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0, NOW)}
     assert _state(kv, topic, 0) == log.PartitionState(4, 0, 400)
 
 
 def test_a_level_two_job_is_refused_when_retention_took_an_entry(kv):
     topic = _two_level_one_objects(kv)
-    plan = _plan_l2(kv, max_inputs=2)
+    plan = _plan_l2(kv, l2_max_inputs=2)
     _change_delete_records(kv, topic)  # p0's entry in x (0-1) goes
     assert not _commit(kv, plan, "z", size=408).committed
     assert _entries(kv, topic, 0) == [("y", 2, 3)]
     assert _object(kv, "z").live_entries == 0
     assert _l1_rows(kv)[0][3] == -1  # unclaimed
     # Planned again: y's entry alone is what is left, and it waits for more.
-    assert _plan_l2(kv, max_inputs=1) is None
-    assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0)
+    assert _plan_l2(kv, l2_max_inputs=1) is None
+    assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0, NOW)
 
 
 def test_a_level_two_run_covers_at_most_the_topics_span(kv):
     topic = _two_level_one_objects(kv)
     # p0's entries: one in x (max timestamp 20), one in y (40).
-    plan = _plan_l2(kv, max_inputs=2, spans={topic.topic_id: 20})
+    plan = _plan_l2(kv, l2_max_inputs=2, spans={topic.topic_id: 20})
     assert plan is not None and plan.input_keys == ["x", "y"]
     kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
     # A shorter span cuts the run to x's entry alone, which is passed over for good.
-    assert _plan_l2(kv, max_inputs=2, spans={topic.topic_id: 19}) is None
-    assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0)
+    assert _plan_l2(kv, l2_max_inputs=2, spans={topic.topic_id: 19}) is None
+    assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0, NOW)
+
+
+def _level_one_objects(kv: KV, count: int, created=lambda i: NOW) -> topics.Topic:
+    """`count` level-1 objects l00, l01, ... of one partition, each merged at created(i)
+    from two ingest files of a 100-byte batch: 200 bytes and one entry each."""
+    topic = _topic(kv, partitions=1)
+    for i in range(count):
+        _append(kv, topic, f"i{i}a", {0: [(1, 10 + i)]})
+        _append(kv, topic, f"i{i}b", {0: [(1, 10 + i)]})
+        plan = _plan_l1(kv, now=created(i))
+        assert plan is not None and _commit(kv, plan, f"l{i:02}", now=created(i)).committed
+    return topic
+
+
+def test_few_small_level_one_objects_reach_level_two_once_the_oldest_has_waited(kv):
+    topic = _two_level_one_objects(kv)  # p0 in x and y, p1 in x alone, written at NOW
+    wait = 60_000
+    # Far from max_bytes and from 256 objects: only the wait starts a job.
+    assert _plan_l2(kv, now=NOW + wait - 1, wait=wait) is None
+    plan = _plan_l2(kv, now=NOW + wait, wait=wait)
+    assert plan is not None and plan.partition == (topic.topic_id, 0)
+    assert plan.input_keys == ["x", "y"]
+    assert _commit(kv, plan, "z", now=NOW + wait).committed
+    assert _entries(kv, topic, 0) == [("z", 0, 3)]
+    # p1's data is in one object: however long it waits, there is nothing to merge.
+    assert _plan_l2(kv, now=NOW + 100 * wait, wait=wait) is None
+    assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0, NOW)}
+
+
+def test_a_topic_with_a_shorter_retention_span_waits_that_span_only(kv):
+    topic = _two_level_one_objects(kv)
+    spans = {topic.topic_id: 20_000}
+    assert _plan_l2(kv, now=NOW + 19_999, spans=spans, wait=60_000) is None
+    plan = _plan_l2(kv, now=NOW + 20_000, spans=spans, wait=60_000)
+    assert plan is not None and plan.input_keys == ["x", "y"]
+
+
+def test_after_a_job_takes_the_head_what_is_left_waits_from_its_own_arrival(kv):
+    topic = _level_one_objects(kv, 4, created=lambda i: NOW + 100 * i)
+    assert _l1_rows(kv) == {0: (800, 4, 0, -1, 0, NOW)}  # the oldest is l00's
+    assert _plan_l2(kv, now=NOW + 999, wait=1000, max_entries=2) is None
+    plan = _plan_l2(kv, now=NOW + 1000, wait=1000, max_entries=2)
+    assert plan.input_keys == ["l00", "l01"]
+    assert _commit(kv, plan, "z1", now=NOW + 1000).committed
+    # What is left (l02, l03) came after l01, written at NOW + 100.
+    assert _l1_rows(kv) == {0: (400, 2, 4, -1, 0, NOW + 100)}
+    assert _plan_l2(kv, now=NOW + 1099, wait=1000, max_entries=2) is None
+    plan = _plan_l2(kv, now=NOW + 1100, wait=1000, max_entries=2)
+    assert plan.input_keys == ["l02", "l03"]
+    assert _commit(kv, plan, "z2", now=NOW + 1100).committed
+    assert _entries(kv, topic, 0) == [("z1", 0, 3), ("z2", 4, 7)]
+    assert _l1_rows(kv) == {}
+
+
+def test_forty_level_one_objects_make_one_level_two_job_not_one_of_32(kv):
+    topic = _level_one_objects(kv, 40)
+    # 40 objects are not 256, and level 1's cap of 32 inputs does not start level 2.
+    assert _plan_l2(kv, max_inputs=32) is None
+    plan = _plan_l2(kv, now=NOW + 60_000, wait=60_000, max_inputs=32)
+    assert plan.input_keys == [f"l{i:02}" for i in range(40)]
+    assert len(plan.entries) == 40 and plan.input_bytes == 40 * 200
+    assert _commit(kv, plan, "z", now=NOW + 60_000).committed
+    assert _entries(kv, topic, 0) == [("z", 0, 79)]
+    assert _l1_rows(kv) == {}
+
+
+def test_level_two_inputs_start_a_job_by_their_own_count_and_max_entries_bounds_it(kv):
+    _level_one_objects(kv, 40)
+    plan = _plan_l2(kv, l2_max_inputs=40)  # no wait: 40 objects are enough
+    assert len(plan.input_keys) == 40
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+    plan = _plan_l2(kv, l2_max_inputs=25)
+    assert plan.input_keys == [f"l{i:02}" for i in range(25)]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+    # One entry an object here: max_entries keeps a job within one commit's limits
+    # whatever the input cap.
+    plan = _plan_l2(kv, l2_max_inputs=40, max_entries=30)
+    assert len(plan.entries) == 30 and len(plan.input_keys) == 30
+
+
+def test_a_row_of_the_older_five_field_format_reads_as_waiting_since_ever(kv):
+    topic = _two_level_one_objects(kv)
+    wait = NOW  # what a row whose time reads as 0 has waited at NOW
+    assert _plan_l2(kv, wait=wait) is None  # written just now
+    row_key = SUB.key(keys.L1_PARTITION, topic.topic_id, 0)
+    older = keys.pack_value((400, 2, 0, -1, 0))  # as written before rows kept a time
+    kv.transact_sync(lambda tr: tr.set(row_key, older))
+    assert _l1_rows(kv)[0] == (400, 2, 0, -1, 0)
+    # A level-1 job adding to it keeps its (unknown, so oldest possible) time.
+    _append(kv, topic, "e", {0: [(1, 50)]})
+    _append(kv, topic, "f", {0: [(1, 60)]})
+    assert _commit(kv, _plan_l1(kv), "w").committed
+    assert _l1_rows(kv)[0] == (600, 3, 0, -1, 0, 0)
+    plan = _plan_l2(kv, wait=wait)
+    assert plan is not None and plan.input_keys == ["x", "y", "w"]
 
 
 def test_objects_without_a_level_are_never_planned(kv):
@@ -420,7 +520,7 @@ def test_compaction_leaves_partitions_producers_and_transactions_byte_for_byte(k
     assert plan is not None and _commit(kv, plan, "y").committed
     assert {e.object_key for e in _full_entries(kv, topic)} == {"x", "y"}
     assert _everything_else(kv) == before
-    plan = _plan_l2(kv, max_inputs=2)
+    plan = _plan_l2(kv, l2_max_inputs=2)
     assert plan is not None and _commit(kv, plan, "z").committed
     assert {e.object_key for e in _full_entries(kv, topic)} == {"z"}
     assert _everything_else(kv) == before
@@ -428,9 +528,18 @@ def test_compaction_leaves_partitions_producers_and_transactions_byte_for_byte(k
 
 def test_a_compacted_topics_level_two_is_left_to_its_cleaner(kv):
     topic = _two_level_one_objects(kv)
+    # Due by its objects and by its wait alike.
     plan = kv.transact_sync(
         lambda tr: compaction.plan_l2(
-            tr, SUB, 1, NOW, Limits(max_inputs=2), LEASE, None, {topic.topic_id}
+            tr,
+            SUB,
+            1,
+            NOW + 1,
+            Limits(l2_max_inputs=2),
+            LEASE,
+            None,
+            {topic.topic_id},
+            max_wait_ms=1,
         )
     )
     assert plan is None
