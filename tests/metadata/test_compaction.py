@@ -330,6 +330,24 @@ def _level_one_objects(kv: KV, count: int, created=lambda i: NOW) -> topics.Topi
     return topic
 
 
+class _Noting:
+    """A transaction that notes in `read` the keys (and range beginnings) read through it."""
+
+    def __init__(self, tr, read: list[bytes]) -> None:
+        self._tr, self._read = tr, read
+
+    def get(self, key):
+        self._read.append(key)
+        return self._tr.get(key)
+
+    def get_range(self, begin, end, **kw):
+        self._read.append(begin)
+        return self._tr.get_range(begin, end, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._tr, name)
+
+
 def test_few_small_level_one_objects_reach_level_two_once_the_oldest_has_waited(kv):
     topic = _two_level_one_objects(kv)  # p0 in x and y, p1 in x alone, written at NOW
     wait = 60_000
@@ -340,8 +358,16 @@ def test_few_small_level_one_objects_reach_level_two_once_the_oldest_has_waited(
     assert plan.input_keys == ["x", "y"]
     assert _commit(kv, plan, "z", now=NOW + wait).committed
     assert _entries(kv, topic, 0) == [("z", 0, 3)]
-    # p1's data is in one object: however long it waits, there is nothing to merge.
-    assert _plan_l2(kv, now=NOW + 100 * wait, wait=wait) is None
+    # p1's data is in one object: however long it waits, there is nothing to merge, and
+    # a plan does not even read its entries.
+    read: list[bytes] = []
+    plan = kv.transact_sync(
+        lambda tr: compaction.plan_l2(
+            _Noting(tr, read), SUB, 1, NOW + 100 * wait, Limits(), LEASE, max_wait_ms=wait
+        )
+    )
+    assert plan is None and read
+    assert not [k for k in read if k.startswith(SUB.key(keys.CHUNK))]
     assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0, NOW)}
 
 
