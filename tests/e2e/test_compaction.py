@@ -24,20 +24,19 @@ from tests.support.brokerproc import BrokerProcess
 pytestmark = pytest.mark.slow
 
 DELETE_DELAY_MS = 2000
-COMPACT = [
+COMPACT_L1 = [
     "--compaction-interval-ms",
     "200",
     "--compaction-min-age-ms",
     "1",
     "--compaction-max-inputs",
     "4",
-    "--compaction-l2-max-inputs",
-    "4",
     "--compaction-lease-ms",
     "3000",
     "--object-delete-delay-ms",
     str(DELETE_DELAY_MS),
 ]
+COMPACT = [*COMPACT_L1, "--compaction-l2-max-inputs", "4"]
 OFF = ["--compaction", "false", "--object-delete-delay-ms", str(DELETE_DELAY_MS)]
 CODECS = list(Compression)  # none, gzip, snappy, lz4, zstd
 READ_COMMITTED = {"isolation.level": "read_committed"}  # librdkafka's default
@@ -184,6 +183,31 @@ def test_many_flushes_end_in_a_few_objects_per_partition_and_read_back_exactly(
         assert read_records(again, t, n, 48 * 3 * n) == before[t]
         for p in range(n):
             assert offsets(again, t, p) == (0, 48 * 3)
+
+
+def test_level_two_comes_once_the_oldest_level_one_data_has_waited(start_broker, tmp_path):
+    data_dir = tmp_path / "data"
+    broker = start_broker(extra_args=OFF, data_dir=data_dir)
+    create(broker, "slow", 2)
+    expected = produce_flushes(broker, {"slow": 2}, flushes=12)
+    broker.stop()
+
+    # 12 ingest files -> 3 level-1 objects, far from 256 or 64 MiB: only the wait (2 s
+    # here, 10 minutes by default) brings them to level 2, one job per partition.
+    again = start_broker(
+        extra_args=[*COMPACT_L1, "--compaction-l2-max-wait-ms", "2000"],
+        data_dir=data_dir,
+        port=broker.port,
+    )
+    wait_for("level 2", lambda: objects_per_partition(again, "slow", 2) == [1, 1], timeout=30)
+    wait_for(
+        "level-2 jobs counted",
+        lambda: again.stats().get("compaction", {}).get("l2_jobs") == 2,
+        timeout=10,
+    )
+    stats = again.stats()["compaction"]
+    assert (stats["l1_jobs"], stats["l2_dropped"], stats["failures"]) == (3, 0, 0)
+    assert read_records(again, "slow", 2, 12 * 3 * 2) == {p: expected["slow", p] for p in range(2)}
 
 
 def test_aborted_transactions_stay_hidden_in_compacted_objects(start_broker, tmp_path):
