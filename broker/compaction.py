@@ -277,11 +277,18 @@ class Compaction:
     async def _plan(self, spans: dict[bytes, int], cleaned: set[bytes]) -> Plan | None:
         agent, s = self._agent, self.settings
         now, node_id = _now_ms(), agent.node_id
-        plan: Plan | None = await agent.kv.transact(
-            lambda tr: compaction_layer.plan_l1(
-                tr, agent.sub, node_id, now, s.min_age_ms, s.limits, s.lease_ms
-            )
+        # Read what to take without the write lock (produce commits wait for it), then
+        # claim it in a short transaction.
+        selection = await agent.kv.read(
+            lambda tr: compaction_layer.select_l1(tr, agent.sub, now, s.min_age_ms, s.limits)
         )
+        plan: Plan | None = None
+        if selection.chosen or selection.dropped:
+            plan = await agent.kv.transact(
+                lambda tr: compaction_layer.claim_l1(
+                    tr, agent.sub, selection, node_id, now, s.lease_ms
+                )
+            )
         if plan is None:
             plan = await agent.kv.transact(
                 lambda tr: compaction_layer.plan_l2(

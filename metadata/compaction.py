@@ -52,7 +52,7 @@ from metadata.log import (
     ChunkEntry,
     clear_chunk_range,
     clear_reverse_index,
-    decode_entry,
+    entry_value,
     iter_entries,
     object_entries,
     put_entry,
@@ -141,6 +141,26 @@ def plan_l1(
 ) -> Plan | None:
     """Claim the oldest unclaimed level-0 objects at least `min_age_ms` old that fit the
     limits together (two at least: one alone gains nothing); None when there are not two.
+    `select_l1` then `claim_l1` in one transaction."""
+    selection = select_l1(tr, sub, now_ms, min_age_ms, limits)
+    return claim_l1(tr, sub, selection, node_id, now_ms, lease_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class L1Selection:
+    """What a level-1 plan read: the level-0 objects it would claim, with their entries, and
+    the queue rows it would drop."""
+
+    chosen: tuple[tuple[int, str, tuple[JobEntry, ...]], ...]  # (created_ms, key, entries)
+    dropped: tuple[tuple[int, str], ...]  # (created_ms, key) of rows leaving the queue
+
+
+def select_l1(
+    tr: ReadTransaction, sub: keys.Subspace, now_ms: int, min_age_ms: int, limits: Limits
+) -> L1Selection:
+    """Read which level-0 objects a level-1 plan takes; it writes nothing, so that it can
+    run in a read transaction (on SQLite: without the write lock that produce commits
+    wait for), `claim_l1` then claiming them in a short one.
 
     An object that alone passes max_bytes or max_entries leaves the queue: it stays a
     level-0 object until retention takes it. So does the oldest object when it fits a job
@@ -151,7 +171,8 @@ def plan_l1(
     """
     begin, _end = sub.range(keys.L0_OBJECT)
     end = sub.key(keys.L0_OBJECT, now_ms - min_age_ms + 1)
-    chosen: list[tuple[int, str, list[JobEntry]]] = []
+    chosen: list[tuple[int, str, tuple[JobEntry, ...]]] = []
+    dropped: list[tuple[int, str]] = []
     total_bytes = total_entries = 0
     passed_over = False
     topics: dict[bytes, bool] = {}
@@ -161,10 +182,11 @@ def plan_l1(
         if _claimed(keys.unpack_value(value), now_ms):
             continue
         _tag, created, object_key = sub.unpack(row_key)
-        found = [JobEntry(t, p, e) for t, p, e in object_entries(tr, sub, str(object_key))]
+        created, object_key = int(created), str(object_key)
+        found = tuple(JobEntry(t, p, e) for t, p, e in object_entries(tr, sub, object_key))
         size = sum(e.entry.length for e in found)
         if not found or size > limits.max_bytes or len(found) > limits.max_entries:
-            tr.clear(row_key)  # nothing left, or never fits a job
+            dropped.append((created, object_key))  # nothing left, or never fits a job
             continue
         if not all(_topic_exists(tr, sub, topics, e.topic_id) for e in found):
             continue
@@ -173,20 +195,45 @@ def plan_l1(
                 break  # full
             passed_over = True
             continue  # may fit a later job; look for smaller ones to go with
-        chosen.append((int(created), str(object_key), found))
+        chosen.append((created, object_key, found))
         total_bytes += size
         total_entries += len(found)
     if len(chosen) == 1 and passed_over:
-        created, object_key, _found = chosen[0]
-        tr.clear(sub.key(keys.L0_OBJECT, created, object_key))  # fits with none after it
+        dropped.append(chosen[0][:2])  # fits with none after it
     if len(chosen) < 2:
+        chosen = []
+    return L1Selection(tuple(chosen), tuple(dropped))
+
+
+def claim_l1(
+    tr: Transaction,
+    sub: keys.Subspace,
+    selection: L1Selection,
+    node_id: int,
+    now_ms: int,
+    lease_ms: int,
+) -> Plan | None:
+    """Claim what `select_l1` chose and drop the rows it dropped, each only if its row is
+    still unclaimed (another agent may have planned it since); the plan, or None when
+    there is nothing to claim or another agent claimed one of the objects first."""
+    for created, object_key in selection.dropped:
+        row_key = sub.key(keys.L0_OBJECT, created, object_key)
+        raw = tr.get(row_key)
+        if raw is not None and not _claimed(keys.unpack_value(raw), now_ms):
+            tr.clear(row_key)
+    if not selection.chosen:
         return None
-    for created, object_key, _found in chosen:
-        tr.set(sub.key(keys.L0_OBJECT, created, object_key), _claim(node_id, now_ms, lease_ms))
+    row_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key, _ in selection.chosen]
+    for row_key in row_keys:
+        raw = tr.get(row_key)
+        if raw is None or _claimed(keys.unpack_value(raw), now_ms):
+            return None  # planned meanwhile: the next plan reads again
+    for row_key in row_keys:
+        tr.set(row_key, _claim(node_id, now_ms, lease_ms))
     return Plan(
         L1,
-        _sorted([e for _c, _k, found in chosen for e in found]),
-        queued=tuple((created, key) for created, key, _found in chosen),
+        _sorted([e for _c, _k, found in selection.chosen for e in found]),
+        queued=tuple((created, key) for created, key, _found in selection.chosen),
     )
 
 
@@ -486,14 +533,13 @@ def _changed(
     for topic_id, partition, entries in plan.partitions():
         if not _topic_exists(tr, sub, topics, topic_id):
             return f"topic {topic_id.hex()} was deleted", alone
-        begin = sub.key(keys.CHUNK, topic_id, partition, entries[0].last_offset)
-        end = sub.key(keys.CHUNK, topic_id, partition, entries[-1].last_offset) + b"\x00"
-        found = {}
-        for key, value in tr.get_range(begin, end):
-            entry = decode_entry(sub, key, value)
-            found[entry.last_offset] = entry
+        # Compared as stored, without decoding (thousands of entries, a commit's time).
+        prefix = sub.key(keys.CHUNK, topic_id, partition)
+        begin = prefix + keys.pack_tail(entries[0].last_offset)
+        end = prefix + keys.pack_tail(entries[-1].last_offset) + b"\x00"
+        found = dict(tr.get_range(begin, end))
         for entry in entries:
-            if found.get(entry.last_offset) != entry:
+            if found.get(prefix + keys.pack_tail(entry.last_offset)) != entry_value(entry):
                 reason = (
                     f"the entry of offsets {entry.base_offset}-{entry.last_offset} of "
                     f"partition {partition} changed"

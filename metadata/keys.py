@@ -156,6 +156,12 @@ def unpack_value(raw: bytes) -> tuple[Any, ...]:
     return unpack(raw)
 
 
+def pack_tail(*parts: Any) -> bytes:
+    """What extends a key by `parts`: the tuple encoding concatenates, so
+    `sub.key(a, b) + pack_tail(c) == sub.key(a, b, c)`."""
+    return pack(parts)
+
+
 class Subspace:
     """A key prefix; keys inside it are tuples packed after the prefix."""
 

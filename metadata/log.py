@@ -108,23 +108,25 @@ def decode_entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
     )
 
 
+def entry_value(entry: ChunkEntry) -> bytes:
+    """The value of the entry's CHUNK key (its last offset is in the key)."""
+    return keys.pack_value(
+        (
+            entry.object_key,
+            entry.start,
+            entry.length,
+            entry.base_offset,
+            entry.batch_count,
+            entry.max_timestamp,
+        )
+    )
+
+
 def put_entry(
     tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
 ) -> None:
     """Write a chunk entry and its copy in the reverse index of its object."""
-    tr.set(
-        sub.key(keys.CHUNK, topic_id, partition, entry.last_offset),
-        keys.pack_value(
-            (
-                entry.object_key,
-                entry.start,
-                entry.length,
-                entry.base_offset,
-                entry.batch_count,
-                entry.max_timestamp,
-            )
-        ),
-    )
+    tr.set(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset), entry_value(entry))
     tr.set(
         sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset),
         keys.pack_value(

@@ -160,6 +160,31 @@ def test_a_plan_takes_old_unclaimed_objects_within_its_limits(kv):
     assert _claims(kv)["a"] == (3, NOW + 2 * LEASE)
 
 
+def test_a_selection_claims_nothing_once_another_plan_took_one_of_its_objects(kv):
+    """The agent reads what to take in a read transaction and claims it in a second one:
+    an object claimed in between makes the claim give up whole."""
+    topic = _topic(kv, partitions=1)
+    for key in "abc":
+        _append(kv, topic, key, {0: [(1, 10)]})
+    limits = Limits(max_inputs=3)
+    selection = kv.transact_sync(lambda tr: compaction.select_l1(tr, SUB, NOW, 0, limits))
+    assert [key for _c, key, _e in selection.chosen] == ["a", "b", "c"]
+    assert _claims(kv)["a"] == ()  # reading claims nothing
+    other = _plan_l1(kv, node=2, max_inputs=2)  # another agent plans a and b meanwhile
+    assert other.input_keys == ["a", "b"]
+    assert (
+        kv.transact_sync(lambda tr: compaction.claim_l1(tr, SUB, selection, 1, NOW, LEASE))
+        is None
+    )
+    assert _claims(kv) == {"a": (2, NOW + LEASE), "b": (2, NOW + LEASE), "c": ()}
+    # With nothing taken in between, the claim is the plan a single transaction makes.
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, other, 2))
+    selection = kv.transact_sync(lambda tr: compaction.select_l1(tr, SUB, NOW, 0, limits))
+    plan = kv.transact_sync(lambda tr: compaction.claim_l1(tr, SUB, selection, 1, NOW, LEASE))
+    assert plan is not None and plan.input_keys == ["a", "b", "c"]
+    assert _claims(kv)["c"] == (1, NOW + LEASE)
+
+
 def test_limits_of_bytes_and_entries(kv):
     topic = _topic(kv, partitions=3)
     _append(kv, topic, "big", {0: [(1, 10)] * 3})  # 300 bytes, 3 entries
