@@ -263,7 +263,7 @@ class Bucketlog(System):
                 body = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            for group in ("pipeline", "store", "cache", "reader", "metadata"):
+            for group in ("pipeline", "store", "cache", "reader", "read_ahead", "metadata"):
                 for k, v in body.get(group, {}).items():
                     total[f"{group}.{k}"] = total.get(f"{group}.{k}", 0) + int(v)
         return total
