@@ -261,7 +261,7 @@ def s3_section(report: dict[str, Any]) -> list[str]:
         "flush policy (local 2 ms, S3 250 ms, 4 MiB either way) and the S3 store with its "
         "default hedged PUTs. consume-1p reads the produce-1p topics from the agent's cache; "
         "consume-1p-cold reads them again after the agent restarted, from the store. moto "
-        "keeps objects in its memory and serves each request in a Python thread under one "
+        "keeps the objects in its memory and serves each request in a Python thread under one "
         "GIL: its MB/s says little about S3's, but the requests per GB are the agent's and "
         "carry over. moto's CPU is counted apart from the broker's.",
         "",
