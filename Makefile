@@ -69,9 +69,12 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,spark,bench]'
 	touch $(BENCH_STAMP)
 
-# Apache Kafka vs bucketlog on this machine (~15 min); not part of `make test`.
+# Apache Kafka vs bucketlog on this machine (~15 min, and ~10 more for the pinned-core and
+# S3-store rows); not part of `make test`. BENCH_ARGS: more options of run.py, e.g.
+# BENCH_ARGS="--systems= --extras s3" for the S3-store rows alone.
+BENCH_ARGS ?=
 bench: $(BENCH_STAMP) jars
-	$(BIN)/python integration/bench/run.py
+	$(BIN)/python integration/bench/run.py $(BENCH_ARGS)
 
 # Retention, garbage collection and compaction under 20 minutes of steady load, with a plot.
 soak: $(BENCH_STAMP) jars

@@ -86,15 +86,7 @@ PRODUCERS: dict[str, dict[str, Any]] = {
 JAVA_PRODUCER = HERE.parent / "java" / "FixedRateProducer.java"
 BUCKET = "bench-lightning"
 TARGET_MARGIN_MS = 5.0
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "bench",
-    "AWS_SECRET_ACCESS_KEY": "bench",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_REGION": "us-east-1",
-    # Keep a developer's own AWS profile out of it.
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
+CREDENTIALS = bench.S3_CREDENTIALS
 
 # Latency models: (median, p99) in ms. Sources in integration/bench/README.md
 # ("Lightning topics under an object-store latency model"); what no source states is
@@ -170,41 +162,16 @@ def quantiles(values_s: list[float]) -> list[float]:
 # -- moto -------------------------------------------------------------------------------
 
 
-class Moto:
-    """moto's S3 server in a process of its own, with one bucket."""
-
-    def __init__(self) -> None:
-        self.port = bench.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [str(bench.VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        bench.wait_port(self.port, time.monotonic() + 30)
-        self.client().create_bucket(Bucket=BUCKET)
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.session.Session().client("s3", endpoint_url=self.url, region_name="us-east-1")
-
-    def put_latency(self, size: int, count: int) -> dict[str, float]:
-        """PUT latency of moto alone, from this process, objects of `size` bytes."""
-        client = self.client()
-        body = os.urandom(size)
-        took = []
-        for i in range(count):
-            started = time.monotonic()
-            client.put_object(Bucket=BUCKET, Key=f"probe/{size}/{i}", Body=body, IfNoneMatch="*")
-            took.append(time.monotonic() - started)
-        return summary(took)
-
-    def stop(self) -> None:
-        bench.stop_proc(self.proc)
+def put_latency(moto: bench.Moto, size: int, count: int) -> dict[str, float]:
+    """PUT latency of moto alone, from this process, objects of `size` bytes."""
+    client = moto.client()
+    body = os.urandom(size)
+    took = []
+    for i in range(count):
+        started = time.monotonic()
+        client.put_object(Bucket=moto.bucket, Key=f"probe/{size}/{i}", Body=body, IfNoneMatch="*")
+        took.append(time.monotonic() - started)
+    return summary(took)
 
 
 # -- one run ----------------------------------------------------------------------------
@@ -450,7 +417,7 @@ def python_fixed_rate(
 
 
 def one_run(
-    moto: Moto,
+    moto: bench.Moto,
     model: dict[str, Any],
     flush_ms: int,
     producer: str,
@@ -821,12 +788,12 @@ def main() -> int:
         "sources": SOURCES,
         "runs": {},
     }
-    moto = Moto()
+    moto = bench.Moto(BUCKET)
     moto.start()
     try:
         # About one flush's object at 25 ms and at 250 ms of 500 records/s.
         report["moto_put_latency"] = {
-            str(size): moto.put_latency(size, 200) for size in (16 * 1024, 128 * 1024)
+            str(size): put_latency(moto, size, 200) for size in (16 * 1024, 128 * 1024)
         }
         log(f"moto PUT latency: {report['moto_put_latency']}")
         for name, model in models.items():

@@ -90,8 +90,6 @@ def fmt(v: Any) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     systems = list(report["systems"])
-    kafka = report["systems"].get("kafka", {})
-    others = [s for s in systems if s != "kafka"]
     m = report["machine"]
     s = report["settings"]
     lines = [
@@ -124,6 +122,18 @@ def markdown(report: dict[str, Any]) -> str:
     for name in systems:
         if "error" in report["systems"][name]:
             lines += [f"**{name} failed:** `{report['systems'][name]['error']}`", ""]
+    if systems:
+        lines += main_tables(report)
+    lines += pinned_section(report)
+    lines += s3_section(report)
+    return "\n".join(lines) + "\n"
+
+
+def main_tables(report: dict[str, Any]) -> list[str]:
+    systems = list(report["systems"])
+    kafka = report["systems"].get("kafka", {})
+    others = [s for s in systems if s != "kafka"]
+    lines = []
     header = "| workload | figure | " + " | ".join(systems)
     header += "".join(f" | {o} / kafka" for o in others if kafka) + " |"
     lines += [header, "|" + "---|" * (2 + len(systems) + (len(others) if kafka else 0))]
@@ -163,7 +173,121 @@ def markdown(report: dict[str, Any]) -> str:
             if r:
                 lines.append(f"| {w} | " + " | ".join(fmt(r.get(f)) for f in COST_FIGURES) + " |")
         lines.append("")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+PINNED_WORKLOADS = ("produce-1p-1x-none", "produce-64p-1x-none", "consume-1p")
+
+
+def per_core(r: dict[str, Any]) -> float | None:
+    """MB/s one agent would move with a core of its own fully busy, at this CPU per byte."""
+    cost = r.get("broker_cpu_s_per_gb")
+    return round(1000 / cost, 1) if isinstance(cost, int | float) and cost > 0 else None
+
+
+def pinned_section(report: dict[str, Any]) -> list[str]:
+    pinned = report.get("pinned")
+    if not pinned:
+        return []
+    lines = ["## Clients and agents on cores of their own", ""]
+    if "error" in pinned:
+        return [*lines, f"**Not run:** `{pinned['error']}`", ""]
+    lines += [
+        "The same workloads with the clients (the perf tools and the harness) held to one "
+        "core and the agents to the others: `sched_setaffinity` on every thread of each agent "
+        "process after it started, read back from /proc (below). With two cores both agents "
+        "of bucketlog-2 share the one core left. *Cores busy*: CPU seconds over the "
+        "workload's wall time (1.00 = one core all the time; the clients' include the perf "
+        "tool's JVM start). *MB/s per agent core* = 1000 / broker CPU s/GB: what an agent "
+        "would move with its core fully busy, at this workload's CPU per byte. Where the "
+        "clients' core is near 1.00 busy, the client set the MB/s, not the agent. *Unpinned* "
+        "is the main table's figure for the same system, when this run has one.",
+        "",
+        "| layout | workload | MB/s | unpinned MB/s | broker CPU s/GB | broker cores busy "
+        "| clients' cores busy | MB/s per agent core |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    affinity = []
+    for key, layout in pinned["layouts"].items():
+        if "error" in layout:
+            lines.append(f"| {key} | **failed:** `{layout['error']}` | | | | | | |")
+            continue
+        main = report["systems"].get(layout["layout"]["system"], {})
+        for w in PINNED_WORKLOADS:
+            r = layout.get(w)
+            if not r:
+                continue
+            cells = [
+                fmt(r.get("mb_s")),
+                fmt(main.get(w, {}).get("mb_s")),
+                fmt(r.get("broker_cpu_s_per_gb")),
+                f"{r['broker_cores']:.2f}" if "broker_cores" in r else "–",
+                f"{r['client_cores']:.2f}" if "client_cores" in r else "–",
+                fmt(per_core(r)),
+            ]
+            lines.append(f"| {key} | {w} | " + " | ".join(cells) + " |")
+        affinity.append(
+            f"{key}: " + ", ".join(f"{k} on {v}" for k, v in layout.get("affinity", {}).items())
+        )
+    lines += ["", "Allowed CPUs as read back: " + "; ".join(affinity) + ".", ""]
+    return lines
+
+
+S3_WORKLOADS = ("produce-1p-1x-none", "produce-64p-1x-none", "consume-1p", "consume-1p-cold")
+S3_FIGURES = [
+    ("mb_s", "MB/s"),
+    ("puts_per_gb", "PUTs/GB"),
+    ("gets_per_gb", "GETs/GB"),
+    ("broker_cpu_s_per_gb", "broker CPU s/GB"),
+    ("moto_cpu_s_per_gb", "moto CPU s/GB"),
+    ("puts_per_s", "PUTs/s"),
+    ("hedged_puts", "PUTs sent twice (hedged)"),
+    ("p99_ms", "produce p99 ms"),
+]
+
+
+def s3_section(report: dict[str, Any]) -> list[str]:
+    s3 = report.get("s3")
+    if not s3:
+        return []
+    lines = ["## The local store and the S3 store (moto)", ""]
+    if "error" in s3:
+        return [*lines, f"**Not run:** `{s3['error']}`", ""]
+    stores = list(s3)
+    lines += [
+        "One agent (`serve --agents 1`, SQLite metadata) on the local store and on the S3 "
+        "store, moto's server (`moto_server`) on 127.0.0.1 in a process of its own "
+        "(`--storage s3://BUCKET/PREFIX --s3-endpoint-url`); each store with its default "
+        "flush policy (local 2 ms, S3 250 ms, 4 MiB either way) and the S3 store with its "
+        "default hedged PUTs. consume-1p reads the produce-1p topics from the agent's cache; "
+        "consume-1p-cold reads them again after the agent restarted, from the store. moto "
+        "keeps the objects in its memory and serves each request in a Python thread under one "
+        "GIL: its MB/s says little about S3's, but the requests per GB are the agent's and "
+        "carry over. moto's CPU is counted apart from the broker's.",
+        "",
+    ]
+    for store in stores:
+        if "error" in s3[store]:
+            lines += [f"**{store} failed:** `{s3[store]['error']}`", ""]
+    lines += ["| workload | store | " + " | ".join(label for _, label in S3_FIGURES) + " |"]
+    lines.append("|" + "---|" * (2 + len(S3_FIGURES)))
+    for w in S3_WORKLOADS:
+        for store in stores:
+            r = s3[store].get(w)
+            if r:
+                cells = [fmt(r.get(figure)) for figure, _ in S3_FIGURES]
+                lines.append(f"| {w} | {store} | " + " | ".join(cells) + " |")
+    rss = [
+        f"{store} {fmt(s3[store].get('peak_rss_mb'))} MB"
+        + (
+            f" (moto {fmt(s3[store]['moto_peak_rss_mb'])} MB)"
+            if "moto_peak_rss_mb" in s3[store]
+            else ""
+        )
+        for store in stores
+    ]
+    lines += ["", "Peak RSS of the broker: " + ", ".join(rss) + ".", ""]
+    return lines
 
 
 if __name__ == "__main__":

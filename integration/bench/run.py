@@ -1,13 +1,17 @@
 """Benchmarks: Apache Kafka and bucketlog on the same machine, the same workloads.
 
-Usage: integration/bench/run.py [--systems kafka,bucketlog-1,bucketlog-2] [--runs 2]
-                                [--scale 1.0] [--out integration/bench/results]
+Usage: integration/bench/run.py [--systems kafka,bucketlog-1,bucketlog-2]
+                                [--extras pinned,s3] [--runs 2] [--scale 1.0]
+                                [--out integration/bench/results]
 
 Starts each system in turn (Apache Kafka single-node KRaft from the Maven jars, then
 `bucketlog serve --agents 1`, then `--agents 2`, each in a fresh temp dir, listening on
-127.0.0.1 only), runs every workload `--runs` times against it, stops it, and writes
-`results/<date>.md` and `.json`. Every child process has a deadline. The Kafka classes
-run as integration/bin/kafka-run-class runs them, from a private copy of the jars.
+127.0.0.1 only), runs every workload `--runs` times against it and stops it; then the
+extra sections: `pinned_rows` (the clients on one core, each agent pinned to the
+others) and `s3_rows` (one agent on the local store, then one on the S3 store against
+moto's server). Writes `results/<date>.md` and `.json`. Every child process has a
+deadline. The Kafka classes run as integration/bin/kafka-run-class runs them, from a
+private copy of the jars.
 
 Broker cost: CPU seconds (utime + stime of the broker's process tree, from /proc) per GB
 moved, peak RSS (sum of VmHWM over the tree). bucketlog's object PUTs, GETs and
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime
 import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -33,6 +39,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +219,16 @@ class Kafka(System):
 
 
 class Bucketlog(System):
-    def __init__(self, agents: int, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        agents: int,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = f"bucketlog-{agents}"
         self.agents = agents
         self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix="bench-bucketlog-"))
         self.port = free_port()
         while any(not port_free(self.port + i) for i in range(agents)):
@@ -224,7 +237,7 @@ class Bucketlog(System):
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.log = open(self.dir / "server.log", "wb")
+        self.log = open(self.dir / "server.log", "ab")
         self.proc = subprocess.Popen(
             [
                 # BENCH_BUCKETLOG: another command for `bucketlog` (e.g. an older checkout's).
@@ -244,15 +257,52 @@ class Bucketlog(System):
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env} if self.env else None,
         )
         self.root_pid = self.proc.pid
         for i in range(self.agents):
             wait_port(self.port + i, time.monotonic() + 60)
         admin_ready(self.bootstrap)
 
+    def restart(self) -> None:
+        """Stop the agents and start them again on the same stores: their caches are empty."""
+        stop_proc(self.proc)
+        self.log.close()
+        self.start()
+
     def stop(self) -> None:
         stop_proc(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def agent_pids(self) -> dict[int, int]:
+        """Each agent's process by its port (with --agents N, the supervisor's children)."""
+        if self.agents == 1:
+            return {self.port: self.root_pid}
+        out = {}
+        for pid in proc_tree(self.root_pid)[1:]:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            ports = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"]
+            if ports:  # the last --port is the agent's own (broker/cli.py's _run_many)
+                out[int(ports[-1])] = pid
+        return out
+
+    def pin(self, agent_cpus: list[set[int]]) -> dict[str, str]:
+        """Agent i's threads on agent_cpus[i], the supervisor's on all of them. Returns the
+        CPUs each process is allowed, read back from /proc."""
+        pids = self.agent_pids()
+        if len(pids) != self.agents:
+            raise RuntimeError(f"found {len(pids)} of {self.agents} agent processes")
+        if self.agents > 1:
+            pin_process(self.root_pid, set().union(*agent_cpus))
+        for i in range(self.agents):
+            pin_process(pids[self.port + i], agent_cpus[i])
+        observed = {f"agent {i}": allowed_cpus(pids[self.port + i]) for i in range(self.agents)}
+        if self.agents > 1:
+            observed["supervisor"] = allowed_cpus(self.root_pid)
+        return observed
 
     def counters(self) -> dict[str, int]:
         """Sum of every agent's counters, as of their last write (at most 1 s old)."""
@@ -263,10 +313,85 @@ class Bucketlog(System):
                 body = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            for group in ("pipeline", "store", "cache", "reader", "metadata"):
+            groups = ("pipeline", "store", "cache", "reader", "read_ahead", "metadata", "put_hedge")
+            for group in groups:
                 for k, v in body.get(group, {}).items():
                     total[f"{group}.{k}"] = total.get(f"{group}.{k}", 0) + int(v)
         return total
+
+
+# Made-up credentials for moto (the S3 rows, lightning.py); a developer's own AWS
+# profile stays out of it.
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+
+class Moto:
+    """moto's S3 server (`moto_server`) in a process of its own, with one bucket."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **S3_CREDENTIALS},
+        )
+        wait_port(self.port, time.monotonic() + 30)
+        self.client().create_bucket(Bucket=self.bucket)
+
+    def client(self) -> Any:
+        import boto3
+
+        session = boto3.session.Session(
+            aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=S3_CREDENTIALS["AWS_REGION"],
+        )
+        return session.client("s3", endpoint_url=self.url)
+
+    def stop(self) -> None:
+        stop_proc(self.proc)
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` on `cpus`; a thread started later inherits its creator's."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def allowed_cpus(pid: int) -> str:
+    """The CPUs `pid`'s threads may run on ("1", "0-1"), or a list of them if they differ."""
+    seen = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    seen.add(line.split(":", 1)[1].strip())
+    return " | ".join(sorted(seen))
+
+
+@contextlib.contextmanager
+def clients_on(cpus: set[int]) -> Iterator[None]:
+    """This thread, and so every thread and tool process it starts, on `cpus`."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def port_free(port: int) -> bool:
@@ -605,17 +730,42 @@ def pct(values: list[float], p: float) -> float:
 # -- the run -----------------------------------------------------------------------------
 
 
-def measure(system: System, megabytes: float, fn: Any) -> dict[str, Any]:
-    """Run fn(); add broker CPU s/GB and, for bucketlog, request counts per GB and per s."""
+def client_cpu_seconds() -> float:
+    """CPU of this process and of its child processes that have ended (the perf tools)."""
+    own, ended = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
+
+
+def measure(
+    system: System, megabytes: float, fn: Any, others: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Run fn(); add broker CPU s/GB and, for bucketlog, request counts per GB and per s.
+
+    Also the clients' CPU (this process and the tools it ran) and that of each process
+    tree in `others` (name -> root pid, e.g. moto's server), each apart."""
     time.sleep(1.2)  # counters of the previous workload are on disk
     before_cpu, before = tree_cpu_seconds(system.root_pid), system.counters()
+    before_others = {name: tree_cpu_seconds(pid) for name, pid in (others or {}).items()}
+    before_clients = client_cpu_seconds()
     start = time.monotonic()
     result: dict[str, Any] = fn()
     wall = time.monotonic() - start
     cpu = tree_cpu_seconds(system.root_pid) - before_cpu
+    clients = client_cpu_seconds() - before_clients
     gb = megabytes / 1000
     result["broker_cpu_s"] = round(cpu, 2)
     result["broker_cpu_s_per_gb"] = round(cpu / gb, 1) if gb else None
+    # Cores busy on average while the workload ran (1.0: one core all the time).
+    result["broker_cores"] = round(cpu / wall, 2)
+    result["client_cpu_s"] = round(clients, 2)
+    result["client_cores"] = round(clients / wall, 2)
+    for name, pid in (others or {}).items():
+        used = tree_cpu_seconds(pid) - before_others[name]
+        result[f"{name}_cpu_s"] = round(used, 2)
+        result[f"{name}_cpu_s_per_gb"] = round(used / gb, 1) if gb else None
     result["wall_s"] = round(wall, 2)
     if before is not None:
         time.sleep(1.2)
@@ -627,6 +777,7 @@ def measure(system: System, megabytes: float, fn: Any) -> dict[str, Any]:
             ("metadata_commits", "metadata.commits"),
             ("metadata_reads", "metadata.reads"),
             ("cache_reads", "reader.cache_reads"),
+            ("hedged_puts", "put_hedge.hedged"),
         ):
             result[name] = delta.get(key, 0)
             result[f"{name}_per_gb"] = round(delta.get(key, 0) / gb, 1) if gb else None
@@ -784,6 +935,184 @@ def bench_system(
     return results
 
 
+# -- the extra sections: agents pinned to cores, and the S3 store -------------------------
+
+# The workloads of both extra sections: (name, partitions); one producer each, no
+# compression. consume-1p reads the produce-1p-1x-none topics.
+CORE_WORKLOADS = [("produce-1p-1x-none", 1), ("produce-64p-1x-none", 64)]
+
+
+def core_workloads(
+    system: Bucketlog,
+    runs: int,
+    scale: float,
+    warm_up_records: int,
+    log: Any,
+    others: dict[str, int] | None = None,
+    cold: bool = False,
+    after_restart: Any = None,
+) -> dict[str, Any]:
+    """CORE_WORKLOADS and consume-1p on a started system; with `cold`, consume-1p again
+    after the agents restarted (their caches empty: every byte comes from the store).
+    `after_restart()` runs once the agents are back (to pin them again)."""
+    records = int(150_000 * scale)
+    mb = records * RECORD_SIZE / 1e6
+    results: dict[str, Any] = {}
+    seq = [0]
+
+    def topic(prefix: str, partitions: int) -> str:
+        seq[0] += 1
+        name = f"bench-{prefix}-{seq[0]}"
+        create_topic(system.bootstrap, name, partitions)
+        return name
+
+    def record(name: str, result: dict[str, Any]) -> None:
+        results[name] = result
+        log(
+            f"{system.name} {name}: " + json.dumps({k: v for k, v in result.items() if k != "runs"})
+        )
+
+    if warm_up_records:
+        t = topic("warmup", 1)
+        results["warmup"] = producers_perf(system.bootstrap, t, 1, warm_up_records, "none")
+        results["warmup"]["consume_mb_s"] = consumer_perf(system.bootstrap, t, warm_up_records)[
+            "mb_s"
+        ]
+    consume_topics = []
+    for name, partitions in CORE_WORKLOADS:
+        rs = []
+        for _ in range(runs):
+            t = topic(name, partitions)
+            rs.append(
+                measure(
+                    system,
+                    mb,
+                    lambda t=t: producers_perf(system.bootstrap, t, 1, records, "none"),
+                    others,
+                )
+            )
+            if partitions == 1:
+                consume_topics.append(t)
+        record(name, median_of(rs))
+
+    def consume() -> dict[str, Any]:
+        return median_of(
+            [
+                measure(system, mb, lambda t=t: consumer_perf(system.bootstrap, t, records), others)
+                for t in consume_topics
+            ]
+        )
+
+    record("consume-1p", consume())
+    if cold:
+        system.restart()
+        if after_restart is not None:
+            after_restart()
+        record("consume-1p-cold", consume())
+    return results
+
+
+def pinned_layouts(cores: list[int]) -> list[dict[str, Any]]:
+    """The clients on the first core, the agents on the others: one agent on the second
+    core; two agents on the second and third (both on the second when there are only
+    two cores)."""
+    client, rest = cores[0], cores[1:]
+    return [
+        {
+            "system": f"bucketlog-{n}",
+            "agents": n,
+            "client_cpus": [client],
+            "agent_cpus": [[rest[i % len(rest)]] for i in range(n)],
+        }
+        for n in (1, 2)
+    ]
+
+
+def pinned_rows(runs: int, scale: float, warm_up_records: int, log: Any) -> dict[str, Any]:
+    """CORE_WORKLOADS and consume-1p with the clients and each agent pinned to cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return {
+            "error": f"needs 2 cores to keep clients and agents apart; this process has {cores}"
+        }
+    out: dict[str, Any] = {"cores": cores, "layouts": {}}
+    for layout in pinned_layouts(cores):
+        client = set(layout["client_cpus"])
+        agent_cpus = [set(c) for c in layout["agent_cpus"]]
+        key = (
+            f"{layout['system']} on core{'s' if len(set().union(*agent_cpus)) > 1 else ''} "
+            + ",".join(str(c) for c in sorted(set().union(*agent_cpus)))
+            + f", clients on {layout['client_cpus'][0]}"
+        )
+        log(f"starting {key}")
+        system = Bucketlog(layout["agents"])
+        result: dict[str, Any] = {"layout": layout}
+        try:
+            system.start()
+            result["affinity"] = system.pin(agent_cpus)
+            log(f"{key}: allowed CPUs {result['affinity']}")
+            with clients_on(client):
+                result.update(core_workloads(system, runs, scale, warm_up_records, log))
+            result["peak_rss_mb"] = round(tree_peak_rss_mb(system.root_pid), 1)
+        except Exception as exc:
+            log(f"{key} failed: {exc!r}")
+            result["error"] = repr(exc)
+        finally:
+            system.stop()
+        out["layouts"][key] = result
+    return out
+
+
+S3_BUCKET = "bench-s3"
+
+
+def s3_rows(runs: int, scale: float, warm_up_records: int, log: Any) -> dict[str, Any]:
+    """CORE_WORKLOADS, consume-1p and a cold consume-1p on one agent, with the local store
+    and with the S3 store on moto's server (each with its default flush policy)."""
+    out: dict[str, Any] = {}
+    for store in ("local", "s3"):
+        moto = Moto(S3_BUCKET) if store == "s3" else None
+        result: dict[str, Any] = {}
+        system: Bucketlog | None = None
+        try:
+            if moto is None:
+                system = Bucketlog(1)
+                others = None
+            else:
+                moto.start()
+                assert moto.proc is not None
+                system = Bucketlog(
+                    1,
+                    [
+                        "--storage",
+                        f"s3://{S3_BUCKET}/run-{uuid.uuid4().hex[:8]}",
+                        "--s3-endpoint-url",
+                        moto.url,
+                    ],
+                    env=S3_CREDENTIALS,
+                )
+                others = {"moto": moto.proc.pid}
+            system.name = f"bucketlog-1 {store}"
+            log(f"starting {system.name}")
+            system.start()
+            result.update(
+                core_workloads(system, runs, scale, warm_up_records, log, others, cold=True)
+            )
+            result["peak_rss_mb"] = round(tree_peak_rss_mb(system.root_pid), 1)
+            if moto is not None and moto.proc is not None:
+                result["moto_peak_rss_mb"] = round(tree_peak_rss_mb(moto.proc.pid), 1)
+        except Exception as exc:
+            log(f"{store} failed: {exc!r}")
+            result["error"] = repr(exc)
+        finally:
+            if system is not None:
+                system.stop()
+            if moto is not None:
+                moto.stop()
+        out[store] = result
+    return out
+
+
 def machine() -> dict[str, Any]:
     cpu = "?"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -806,7 +1135,17 @@ def machine() -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--systems", default="kafka,bucketlog-1,bucketlog-2")
+    parser.add_argument(
+        "--systems",
+        default="kafka,bucketlog-1,bucketlog-2",
+        help="systems of the main table ('' or --systems=: none)",
+    )
+    parser.add_argument(
+        "--extras",
+        default="pinned,s3",
+        help="sections after the main table: pinned (clients and agents on their own"
+        " cores), s3 (the local store against the S3 store on moto); '': none",
+    )
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies record counts")
     parser.add_argument("--out", default=str(HERE / "results"))
@@ -839,7 +1178,7 @@ def main() -> int:
     def log(line: str) -> None:
         print(f"[{datetime.datetime.now():%H:%M:%S}] {line}", flush=True)
 
-    for name in args.systems.split(","):
+    for name in [n for n in args.systems.split(",") if n]:
         system: System = Kafka() if name == "kafka" else Bucketlog(int(name.split("-")[1]))
         log(f"starting {name}")
         try:
@@ -847,6 +1186,18 @@ def main() -> int:
         except Exception as exc:
             log(f"{name} failed: {exc!r}")
             report["systems"][name] = {"error": repr(exc)}
+    extras = [e for e in args.extras.split(",") if e]
+    unknown = set(extras) - {"pinned", "s3"}
+    if unknown:
+        parser.error(f"unknown extras {sorted(unknown)}; known: pinned, s3")
+    for extra, rows in (("pinned", pinned_rows), ("s3", s3_rows)):
+        if extra in extras:
+            log(f"starting the {extra} rows")
+            try:
+                report[extra] = rows(args.runs, args.scale, args.warmup, log)
+            except Exception as exc:
+                log(f"the {extra} rows failed: {exc!r}")
+                report[extra] = {"error": repr(exc)}
     report["duration_s"] = round((datetime.datetime.now(datetime.UTC) - started).total_seconds())
     report["machine"]["loadavg_at_end"] = os.getloadavg()
 
