@@ -1,7 +1,10 @@
 """One client connection: frames in, requests handled in order, answers out in order.
 
 Per connection, one task reads frames continuously and starts a handler task for each
-request; another task writes the answers strictly in request order. A connection's
+request; another task writes the answers strictly in request order. The handler tasks
+are the event loop's own tasks, not a task group's (an anyio task costs a cancel scope
+and several loop lookups, per request): the connection cancels those still running when
+it ends. A connection's
 requests take effect in the order they were sent, as in Kafka: each request starts once
 the one before it has ended its turn (`broker.sync.Turn`), which a request does when its
 answer is ready or when it parks after taking effect (a Produce once its batches are
@@ -34,6 +37,7 @@ API allows, otherwise the connection is closed; the agent keeps serving everyone
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import struct
@@ -364,6 +368,7 @@ class _Connection:
         self.principal = principal
         self.auth = ConnectionAuth(listener, principal)
         self.client = ClientZone()
+        self.handlers: set[asyncio.Task[None]] = set()  # of requests not yet handled
 
     def went_away(self, exc: BaseException) -> None:
         if not self.gone:
@@ -385,18 +390,19 @@ class _Connection:
             async with self.stream, anyio.create_task_group() as tg:
                 tg.start_soon(self.writer, pending, tg.cancel_scope)
                 async with answers:
-                    await self.reader(answers, tg)
+                    await self.reader(answers)
                 # The client closed its side: answer what is in flight, then close.
         except GONE as exc:  # closing a stream the client reset
             self.went_away(exc)
         except Exception:
             logger.exception("connection from %s failed", self.peer)
         finally:
+            for task in self.handlers:  # none once every answer went out
+                task.cancel()
             self.memory.release(self.held)
 
-    async def reader(
-        self, answers: MemoryObjectSendStream[_Answer], tg: anyio.abc.TaskGroup
-    ) -> None:
+    async def reader(self, answers: MemoryObjectSendStream[_Answer]) -> None:
+        loop = asyncio.get_running_loop()
         previous = Turn.ended_already()
         while True:
             try:
@@ -448,7 +454,9 @@ class _Connection:
                 answer = _Answer(frame[:4], Promise())
                 await answers.send(answer)
                 turn = Turn()
-                tg.start_soon(self.run_one, frame, answer.frame, previous, turn)
+                task = loop.create_task(self.run_one(frame, answer.frame, previous, turn))
+                self.handlers.add(task)
+                task.add_done_callback(self.handlers.discard)
                 self.held = 0  # run_one releases it
                 previous = turn
 

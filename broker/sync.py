@@ -2,38 +2,117 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-import anyio
-
 T = TypeVar("T")
+
+
+class Flag:
+    """A flag set once, awaited by any number of tasks: the event under the values below.
+
+    Made for the request path, where several are made per request: making one costs no
+    event-loop lookup (anyio's and asyncio's events ask for the running loop when made or
+    awaited, which Python 3.11 pays with a getpid() system call), awaiting one that is set
+    returns at once, and a waiter's future is made only when it has to wait. A waiter
+    cancelled by its cancel scope leaves nothing behind. Set only from the event loop's
+    thread.
+    """
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        waiters, self._waiters = self._waiters, None
+        for future in waiters or ():
+            if not future.done():
+                future.set_result(None)
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        future = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = [future]
+        else:
+            self._waiters.append(future)
+        try:
+            await future
+        finally:
+            if not self._set and self._waiters is not None:
+                self._waiters.remove(future)
+
+    async def wait_until(self, deadline: float) -> bool:
+        """Wait until set or until time.monotonic() reaches deadline; whether it is set.
+        (A timer on the loop, not a cancel scope: this is on the produce path.)"""
+        if self._set:
+            return True
+        delay = deadline - time.monotonic()
+        if delay <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._waiters is None:
+            self._waiters = [future]
+        else:
+            self._waiters.append(future)
+        timer = loop.call_later(delay, _expire, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            if not self._set and self._waiters is not None:
+                self._waiters.remove(future)
+        return self._set
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Promise(Generic[T]):
     """A value that one task sets once and any number of tasks await."""
 
-    __slots__ = ("_event", "_value", "_error")
+    __slots__ = ("_flag", "_value", "_error")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._flag = Flag()
         self._value: T | None = None
         self._error: BaseException | None = None
 
     def set(self, value: T) -> None:
         self._value = value
-        self._event.set()
+        self._flag.set()
 
     def fail(self, error: BaseException) -> None:
         self._error = error
-        self._event.set()
+        self._flag.set()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._flag.is_set()
 
     async def wait(self) -> T:
-        await self._event.wait()
+        await self._flag.wait()
+        return self._result()
+
+    async def wait_until(self, deadline: float) -> bool:
+        """Wait until done or until time.monotonic() reaches deadline; whether done."""
+        return await self._flag.wait_until(deadline)
+
+    def _result(self) -> T:
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
@@ -47,11 +126,11 @@ class Watch:
     __slots__ = ("_event",)
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event = Flag()
 
     def arm(self) -> None:
         if self._event.is_set():
-            self._event = anyio.Event()
+            self._event = Flag()
 
     def fire(self) -> None:
         self._event.set()
@@ -107,7 +186,7 @@ class Turn:
     __slots__ = ("_event",)
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event = Flag()
 
     @classmethod
     def ended_already(cls) -> Turn:

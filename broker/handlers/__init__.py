@@ -8,6 +8,7 @@ as for a Produce with acks=0).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,7 +89,15 @@ def api(
 
 
 def response_class(request: Any) -> type:
-    return load_response_schema(request.__api_key__, request.__version__)
+    """kio's response class for the request's API version (looked up once per version:
+    kio resolves it by name, which costs more than the rest of a small answer)."""
+    return _response_class(request.__api_key__, request.__version__)
+
+
+@functools.cache
+def _response_class(api_key: int, api_version: int) -> type:
+    # Only versions a handler serves get here: at most every (key, version) kio knows.
+    return load_response_schema(api_key, api_version)
 
 
 def load_all() -> dict[int, Api]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import anyio
 from kio.schema.errors import ErrorCode
 
 from broker import access
@@ -274,12 +273,10 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
         if wait_until is None:
             result = await promise.wait()
         else:
-            with anyio.move_on_after(max(0.0, wait_until - time.monotonic())):
-                await promise.wait()
             # Not committed by the deadline: it never will be.
             result = (
                 await promise.wait()
-                if promise.done()
+                if await promise.wait_until(wait_until)
                 else AppendResult(ErrorCode.request_timed_out)
             )
         stamp = NO_TIMESTAMP

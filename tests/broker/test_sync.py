@@ -1,0 +1,75 @@
+"""The broker's small synchronisation values (broker.sync)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from broker.sync import Flag, Promise, Turn
+
+
+async def test_waiters_wake_when_set_and_later_waits_return_at_once() -> None:
+    flag = Flag()
+    woken: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await flag.wait()
+        woken.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(waiter, i)
+        await anyio.wait_all_tasks_blocked()
+        assert woken == []
+        flag.set()
+    assert sorted(woken) == [0, 1, 2]
+    await flag.wait()  # set: returns
+    assert flag.is_set()
+
+
+async def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
+    flag = Flag()
+    for _ in range(100):
+        with anyio.move_on_after(0.001):
+            await flag.wait()
+    assert not flag._waiters  # every cancelled wait took its future back
+    flag.set()
+    await flag.wait()
+
+
+async def test_wait_until_times_out_then_sees_a_later_set() -> None:
+    promise: Promise[int] = Promise()
+    started = time.monotonic()
+    assert not await promise.wait_until(started + 0.05)
+    assert time.monotonic() - started >= 0.04
+    assert not promise._flag._waiters
+    assert not await promise.wait_until(time.monotonic() - 1)  # past deadline: at once
+
+    async def later() -> None:
+        await anyio.sleep(0.01)
+        promise.set(7)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(later)
+        assert await promise.wait_until(time.monotonic() + 5)
+    assert await promise.wait() == 7
+
+
+async def test_a_failed_promise_raises_to_every_waiter() -> None:
+    promise: Promise[int] = Promise()
+    promise.fail(ValueError("no"))
+    with pytest.raises(ValueError):
+        await promise.wait()
+    with pytest.raises(ValueError):
+        await promise.wait()
+
+
+def test_made_and_set_without_an_event_loop() -> None:
+    promise: Promise[str] = Promise()
+    promise.set("x")
+    assert promise.done()
+    turn = Turn()
+    turn.end()
+    assert turn.ended
