@@ -367,8 +367,8 @@ class Readiness:
         return None
 
 
-async def serve_http(agent: Agent, host: str, port: int) -> None:
-    """Serve /metrics, /healthz and /readyz until cancelled."""
+async def serve_http(agent: Agent, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
+    """Serve /metrics, /healthz and /readyz on `listener` until cancelled."""
     registry = CollectorRegistry(auto_describe=False)
     from broker import stats
 
@@ -391,11 +391,11 @@ async def serve_http(agent: Agent, host: str, port: int) -> None:
         )
     )
     readiness = Readiness(agent)
-    try:
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
-    except OSError as exc:
-        raise SystemExit(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
-    logger.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", host, port)
+    address = listener.extra(anyio.abc.SocketAttribute.local_address)
+    assert isinstance(address, tuple)  # a TCP listener's (host, port, ...)
+    logger.info(
+        "metrics and health on http://%s:%d/metrics, /healthz, /readyz", address[0], address[1]
+    )
 
     async def answer(stream: anyio.abc.SocketStream) -> None:
         async with stream:

@@ -60,6 +60,13 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             await _listen(listener.host or None, listener.port, str(listener))
             for listener in config.bound_listeners
         ]
+        # Bound before anything is served: a metrics port in use stops the start, rather
+        # than an agent that looks ready and has no /healthz.
+        http = (
+            await _listen(config.host, config.metrics_port, "the metrics port")
+            if config.metrics_port
+            else None
+        )
         logger.info(
             "bucketlog agent %d listening on %s (cluster %s, metadata %s, storage %s)",
             agent.node_id,
@@ -95,8 +102,8 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
             tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
             if config.ripcord:
                 tg.start_soon(ripcord.snapshot_loop, agent)
-            if config.metrics_port:
-                tg.start_soon(metrics.serve_http, agent, config.host, config.metrics_port)
+            if http is not None:
+                tg.start_soon(metrics.serve_http, agent, http)
             tg.start_soon(_stop_on_signals, signals, tg.cancel_scope)
 
             for listener, sock in zip(config.bound_listeners, sockets, strict=True):

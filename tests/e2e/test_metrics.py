@@ -3,6 +3,11 @@ does and read with prometheus_client's parser."""
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -158,3 +163,22 @@ def test_readiness_follows_the_metadata_store(start_broker, tmp_path) -> None:
     while (answer := get(metrics_port, "/readyz"))[0] != 200 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert answer == (200, "ready\n")
+
+
+def test_a_metrics_port_in_use_stops_the_start(tmp_path) -> None:
+    """The metrics port is bound beside the Kafka listeners, before the agent says it
+    listens: a port in use is a failed start, not an agent without /healthz."""
+    kafka_port, metrics_port = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", metrics_port))
+        taken.listen()
+        result = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path),
+             "--host", "127.0.0.1", "--port", str(kafka_port),
+             "--metrics-port", str(metrics_port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode != 0
+    assert f"cannot listen on the metrics port: {os.strerror(errno.EADDRINUSE)}" in result.stderr
+    assert "listening on" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

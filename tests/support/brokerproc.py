@@ -21,14 +21,18 @@ import pytest
 
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
 
+_handed_out: set[int] = set()
+
 
 def free_ports(count: int) -> list[int]:
-    """`count` consecutive free ports on 127.0.0.1."""
+    """`count` consecutive free ports on 127.0.0.1, none handed out before in this process:
+    the kernel may offer a port again as soon as it is closed, and a test that asks for a
+    port and then starts a broker (which asks for its own) would get two of the same."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        if base + count >= 65535:
+        if base + count >= 65535 or _handed_out.intersection(range(base, base + count)):
             continue
         ok = True
         for port in range(base, base + count):
@@ -39,6 +43,7 @@ def free_ports(count: int) -> list[int]:
                     ok = False
                     break
         if ok:
+            _handed_out.update(range(base, base + count))
             return list(range(base, base + count))
     raise RuntimeError("no free port range")
 
