@@ -43,16 +43,11 @@ class Flag:
     async def wait(self) -> None:
         if self._set:
             return
-        future = asyncio.get_running_loop().create_future()
-        if self._waiters is None:
-            self._waiters = [future]
-        else:
-            self._waiters.append(future)
+        future = self._waiter(asyncio.get_running_loop())
         try:
             await future
         finally:
-            if not self._set and self._waiters is not None:
-                self._waiters.remove(future)
+            self._forget(future)
 
     async def wait_until(self, deadline: float) -> bool:
         """Wait until set or until time.monotonic() reaches deadline; whether it is set.
@@ -63,19 +58,27 @@ class Flag:
         if delay <= 0:
             return False
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if self._waiters is None:
-            self._waiters = [future]
-        else:
-            self._waiters.append(future)
+        future = self._waiter(loop)
         timer = loop.call_later(delay, _expire, future)
         try:
             await future
         finally:
             timer.cancel()
-            if not self._set and self._waiters is not None:
-                self._waiters.remove(future)
+            self._forget(future)
         return self._set
+
+    def _waiter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = loop.create_future()
+        if self._waiters is None:
+            self._waiters = [future]
+        else:
+            self._waiters.append(future)
+        return future
+
+    def _forget(self, future: asyncio.Future[None]) -> None:
+        """A waiter that stopped waiting before the flag was set takes its future back."""
+        if not self._set and self._waiters is not None:
+            self._waiters.remove(future)
 
 
 def _expire(future: asyncio.Future[None]) -> None:

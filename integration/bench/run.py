@@ -815,29 +815,36 @@ PRODUCE_MATRIX = [
 ]
 
 
+class _Run:
+    """One system's measurements: fresh topic names, and each result kept and logged."""
+
+    def __init__(self, system: System, log: Any) -> None:
+        self.system = system
+        self.log = log
+        self.results: dict[str, Any] = {}
+        self._made = 0
+
+    def topic(self, prefix: str, partitions: int) -> str:
+        self._made += 1
+        name = f"bench-{prefix}-{self._made}"
+        create_topic(self.system.bootstrap, name, partitions)
+        return name
+
+    def record(self, name: str, result: dict[str, Any]) -> None:
+        self.results[name] = result
+        shown = {k: v for k, v in result.items() if k != "runs"}
+        self.log(f"{self.system.name} {name}: " + json.dumps(shown))
+
+
 def bench_system(
     system: System, runs: int, scale: float, warm_up_records: int, log: Any
 ) -> dict[str, Any]:
     records = int(150_000 * scale)
     mb = records * RECORD_SIZE / 1e6
-    results: dict[str, Any] = {}
+    run = _Run(system, log)
+    results, topic, record = run.results, run.topic, run.record
     system.start()
     try:
-        seq = [0]
-
-        def topic(prefix: str, partitions: int) -> str:
-            seq[0] += 1
-            name = f"bench-{prefix}-{seq[0]}"
-            create_topic(system.bootstrap, name, partitions)
-            return name
-
-        def record(name: str, result: dict[str, Any]) -> None:
-            results[name] = result
-            log(
-                f"{system.name} {name}: "
-                + json.dumps({k: v for k, v in result.items() if k != "runs"})
-            )
-
         # Warm-up, not reported in the tables: a JVM broker compiles its hot paths during
         # its first workloads, so without it the first measured runs of a system are
         # slower than the later ones (Kafka's single-partition produce rose from 61 to
@@ -957,20 +964,8 @@ def core_workloads(
     `after_restart()` runs once the agents are back (to pin them again)."""
     records = int(150_000 * scale)
     mb = records * RECORD_SIZE / 1e6
-    results: dict[str, Any] = {}
-    seq = [0]
-
-    def topic(prefix: str, partitions: int) -> str:
-        seq[0] += 1
-        name = f"bench-{prefix}-{seq[0]}"
-        create_topic(system.bootstrap, name, partitions)
-        return name
-
-    def record(name: str, result: dict[str, Any]) -> None:
-        results[name] = result
-        log(
-            f"{system.name} {name}: " + json.dumps({k: v for k, v in result.items() if k != "runs"})
-        )
+    run = _Run(system, log)
+    results, topic, record = run.results, run.topic, run.record
 
     if warm_up_records:
         t = topic("warmup", 1)
