@@ -38,6 +38,7 @@ from broker.metrics import Meter
 from broker.readahead import ReadAhead
 from broker.ripcord import Snapshot
 from broker.sync import Notifier
+from broker.workers import StoreSpec, WorkerPool
 from broker.zones import HOME_RECHECK_SECONDS, HomeZones
 from metadata import acls, cluster, keys, topics
 from metadata import log as log_layer
@@ -47,7 +48,7 @@ from metadata.homes import GROUP, TRANSACTION
 from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
 from storage.hedge import HEDGE_THREADS, HedgedPuts
-from storage.objectstore import ObjectStore, open_store
+from storage.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ class Agent:
                 max_entries=config.compaction_max_entries,
                 entry_bytes=config.compaction_entry_bytes,
                 max_jobs=config.compaction_max_jobs,
+                workers=config.compaction_workers,
                 lease_ms=config.compaction_lease_ms,
                 retention_span_percent=config.compaction_retention_span_percent,
                 l2_max_inputs=config.compaction_l2_max_inputs,
@@ -215,6 +217,15 @@ class Agent:
                 cleaner_enabled=config.log_cleaner_enable,
                 delete_delay_ms=config.object_delete_delay_ms,
                 orphan_min_age_ms=config.orphan_min_age_ms,
+            ),
+            pool=(
+                WorkerPool(
+                    StoreSpec.of(config, blocking_calls=2),
+                    config.compaction_max_jobs,
+                    config.compaction_worker_nice,
+                )
+                if config.compaction_workers == "process"
+                else None
             ),
         )
         self.cleaning = Cleaning(
@@ -232,15 +243,9 @@ class Agent:
 
     @classmethod
     def open(cls, config: BrokerConfig) -> Agent:
-        store = open_store(
-            config.resolved_storage_url,
-            s3_endpoint_url=config.s3_endpoint_url,
-            s3_region=config.s3_region,
-            s3_addressing_style=config.s3_addressing_style,
-            blocking_calls=blocking_store_calls(config),
-        )
+        store = StoreSpec.of(config, blocking_store_calls(config)).open()
         if config.inject_put_latency_ms or config.inject_get_latency_ms:
-            store = _with_injected_latency(store, config)
+            _warn_injected_latency(config)
         if config.metrics_port:  # each request charged to topics (broker.costs)
             store = AccountingStore(store, Ledger())
         return cls(config, open_kv(config.resolved_metadata_url), store)
@@ -396,6 +401,7 @@ class Agent:
         logger.log(level, message, exc)
 
     async def aclose(self) -> None:
+        self.compaction.close()
         await self.read_ahead.aclose()
         await self.store.aclose()
         await self.kv.aclose()
@@ -619,21 +625,12 @@ def blocking_store_calls(config: BrokerConfig) -> int:
     return MAX_CONCURRENT_FLUSHES + hedges + config.compaction_max_jobs + 1
 
 
-def _with_injected_latency(store: ObjectStore, config: BrokerConfig) -> ObjectStore:
-    """The store behind a wrapper that delays its PUTs and GETs (benchmarks and tests
-    only: --inject-put-latency-ms, --inject-get-latency-ms)."""
-    from metadata.injected_kv import Lognormal
-    from storage.injected import InjectedLatencyStore
-
+def _warn_injected_latency(config: BrokerConfig) -> None:
+    """Say that the store's PUTs and GETs are delayed (benchmarks and tests only:
+    --inject-put-latency-ms, --inject-get-latency-ms; broker.workers.StoreSpec)."""
     put, get = config.inject_put_latency_ms, config.inject_get_latency_ms
-    wrapped = InjectedLatencyStore(
-        store,
-        put_delay=Lognormal(*put) if put else None,
-        get_delay=Lognormal(*get) if get else None,
-    )
     logger.warning(
         "object store latency injected (benchmarks and tests only): PUT %s, GET %s",
         f"median {put[0]:g} ms, p99 {put[1]:g} ms" if put else "none",
         f"median {get[0]:g} ms, p99 {get[1]:g} ms" if get else "none",
     )
-    return wrapped

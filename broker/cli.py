@@ -85,6 +85,27 @@ def _log_format(value: str) -> str:
     return value.lower()
 
 
+COMPACTION_WORKERS = ("process", "thread")
+
+
+def _compaction_workers(value: str) -> str:
+    if value.lower() not in COMPACTION_WORKERS:
+        raise argparse.ArgumentTypeError(
+            f"expected {' or '.join(COMPACTION_WORKERS)}, got {value!r}"
+        )
+    return value.lower()
+
+
+def _niceness(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if not 0 <= number <= 19:
+        raise argparse.ArgumentTypeError(f"expected 0 to 19, got {number}")
+    return number
+
+
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
@@ -387,6 +408,21 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ),
     ("compaction-max-jobs", _positive, 1, "compaction jobs one agent runs at once"),
     (
+        "compaction-workers",
+        _compaction_workers,
+        "process",
+        "where a compaction job reads, builds and uploads: process (worker processes of the"
+        " agent, one per job at once, at a lower priority) or thread (threads of the agent,"
+        " which share its GIL with the requests)",
+    ),
+    (
+        "compaction-worker-nice",
+        _niceness,
+        None,
+        "how much lower the priority of compaction's worker processes is than the agent's"
+        " (0-19, as nice(1); default 10; only with --compaction-workers process)",
+    ),
+    (
         "compaction-lease-ms",
         _positive,
         120_000,
@@ -639,6 +675,18 @@ def _super_users(value: str) -> frozenset[str]:
     return parse_super_users(value)
 
 
+def _worker_nice(workers: str, nice: int | None) -> int:
+    """The niceness of compaction's worker processes (none with worker threads)."""
+    if nice is None:
+        return 10 if workers == "process" else 0
+    if workers == "thread" and nice:
+        raise ValueError(
+            "--compaction-worker-nice is for worker processes: with --compaction-workers"
+            " thread the jobs run at the agent's own priority"
+        )
+    return nice
+
+
 def _zone(zone: str | None, rack: str | None) -> str | None:
     """The agent's zone from --zone and its older name --rack (empty: none)."""
     if zone is not None and rack is not None and zone != rack:
@@ -710,6 +758,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_max_entries=args.compaction_max_entries,
         compaction_entry_bytes=args.compaction_entry_bytes,
         compaction_max_jobs=args.compaction_max_jobs,
+        compaction_workers=args.compaction_workers,
+        compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,
         compaction_l2_max_inputs=args.compaction_l2_max_inputs,

@@ -16,7 +16,11 @@ Rules:
   ranged GETs, one per run of nearby entries of an object), builds one object in the
   ingest-file format (one chunk per partition, the batches byte for byte in offset
   order), uploads it if-absent under "compacted/", and only then commits. Reading,
-  building and uploading run in one worker thread, whose CPU time is the job's.
+  building and uploading run in a worker process at a lower priority (broker.workers;
+  `workers="process"`, the agent's default) or in a worker thread of the agent
+  (`workers="thread"`); the worker's CPU time is the job's. A worker process is given
+  the cached inputs only when the store is remote: a local folder's are in the page
+  cache, and copying them to the worker would cost the agent more than the read.
 - Every input entry's bytes are walked batch by batch before the upload: the batches
   must hold exactly the entry's offsets, or the job fails and nothing is committed.
 - An output not committed within half of `orphan_min_age_ms` after its upload began is
@@ -38,7 +42,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -53,6 +57,9 @@ from protocol.records import iter_batches
 from storage.cache import ObjectCache
 from storage.ingest import encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
+
+if TYPE_CHECKING:
+    from broker.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +78,7 @@ class CompactionSettings:
     max_entries: int = 2_000
     entry_bytes: int = 256 * 1024
     max_jobs: int = 1
+    workers: str = "thread"  # or "process": the agent's pool (given to Compaction)
     lease_ms: int = 120_000
     retention_span_percent: int = 10
     l2_max_inputs: int = 256
@@ -98,7 +106,7 @@ class CompactionStats:
     bytes_written: int = 0
     entries_replaced: int = 0
     entries_written: int = 0
-    cpu_seconds: float = 0.0  # of the jobs' worker threads
+    cpu_seconds: float = 0.0  # of the jobs' workers
 
 
 class CompactionAgent(JobAgent, Protocol):
@@ -202,9 +210,13 @@ class Compaction:
         self,
         agent: CompactionAgent,
         settings: CompactionSettings,
+        pool: WorkerPool | None = None,
     ) -> None:
+        if (pool is None) != (settings.workers == "thread"):
+            raise ValueError(f"compaction workers {settings.workers!r} with pool {pool!r}")
         self._agent = agent
         self.settings = settings
+        self._pool = pool
         self._slots = anyio.Semaphore(max(1, settings.max_jobs))
         self._threads = anyio.CapacityLimiter(max(1, settings.max_jobs))
         self.stats = CompactionStats()
@@ -223,6 +235,14 @@ class Compaction:
     async def run_pass(self) -> int:
         """Plan and run jobs until none is left (or one fails or is dropped); the jobs
         committed."""
+        if self._pool is not None and not self._pool.started and await self._level_one_due():
+            # Workers start once there is work (an agent that never compacts has none),
+            # before any claim: level-1 jobs do not hold their inputs while they start.
+            # (A level-2 job found first starts them itself.)
+            try:
+                await self._pool.warm()
+            except Exception as exc:  # the first job tries again
+                logger.warning("compaction's worker processes did not start: %s", exc)
         spans, cleaned = await self._spans()
         committed = 0
         failed = False  # or dropped
@@ -273,6 +293,14 @@ class Compaction:
             if "compact" in policy and self.settings.cleaner_enabled:
                 cleaned.add(topic.topic_id)
         return spans, cleaned
+
+    async def _level_one_due(self) -> bool:
+        agent, s = self._agent, self.settings
+        now = _now_ms()
+        selection = await agent.kv.read(
+            lambda tr: compaction_layer.select_l1(tr, agent.sub, now, s.min_age_ms, s.limits)
+        )
+        return bool(selection.chosen or selection.dropped)
 
     async def _plan(self, spans: dict[bytes, int], cleaned: set[bytes]) -> Plan | None:
         agent, s = self._agent, self.settings
@@ -326,9 +354,19 @@ class Compaction:
         }
         output_key = new_object_key(OUTPUT_PREFIX)
         upload_began = anyio.current_time()
-        built = await anyio.to_thread.run_sync(
-            partial(build_output, agent.store, plan, cached, output_key), limiter=self._threads
-        )
+        built: _Built
+        if self._pool is not None:
+            from broker.workers import add_spent
+
+            if not self._pool.spec.remote:
+                cached = {}
+            built, spent = await self._pool.run(build_output, plan, cached, output_key)
+            add_spent(agent.store, spent)
+        else:
+            built = await anyio.to_thread.run_sync(
+                partial(build_output, agent.store, plan, cached, output_key),
+                limiter=self._threads,
+            )
         self.stats.bytes_read += built.bytes_read
         self.stats.bytes_cached += built.bytes_cached
         self.stats.bytes_written += built.size
@@ -377,6 +415,11 @@ class Compaction:
         self.stats.entries_replaced += len(plan.entries)
         self.stats.entries_written += len(outputs)
         return True
+
+    def close(self) -> None:
+        """Stop the worker processes (a job still running there is abandoned)."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _count_dropped(self, plan: Plan) -> None:
         if plan.level == compaction_layer.L1:

@@ -99,6 +99,8 @@ class BrokerConfig:
     compaction_max_entries: int = 2_000
     compaction_entry_bytes: int = 256 * 1024
     compaction_max_jobs: int = 1
+    compaction_workers: str = "process"  # or "thread"
+    compaction_worker_nice: int = 10
     compaction_lease_ms: int = 120_000
     compaction_retention_span_percent: int = 10
     compaction_l2_max_inputs: int = 256

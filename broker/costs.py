@@ -84,6 +84,16 @@ class Ledger:
                 if size:
                     self.bytes[topic, direction] += size * share
 
+    def add(
+        self, requests: Mapping[tuple[str, str], float], sizes: Mapping[tuple[str, str], float]
+    ) -> None:
+        """Another ledger's counts (of a worker process, `copy()`) added to these."""
+        with self._lock:
+            for key, value in requests.items():
+                self.requests[key] += value
+            for key, value in sizes.items():
+                self.bytes[key] += value
+
     def copy(self) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
         with self._lock:
             return dict(self.requests), dict(self.bytes)
