@@ -22,7 +22,9 @@ PAGE = 256
 NOT_FOUND = (-1, -1)
 
 
-async def _entries(agent: AgentServices, topic_id: bytes, partition: int) -> list[log_layer.ChunkEntry]:
+async def _entries(
+    agent: AgentServices, topic_id: bytes, partition: int
+) -> list[log_layer.ChunkEntry]:
     """Every chunk entry of the partition, in offset order."""
 
     def txn(tr: Any) -> list[log_layer.ChunkEntry]:
