@@ -10,6 +10,8 @@ Rules:
 - put(if_absent=True) publishes with os.link, which fails if the name exists, so
   no other writer, in this process or another one sharing the folder, can replace
   an object once written. Plain put uses os.replace (last writer wins).
+- delete unlinks without an fsync of the folder: a power cut can bring a deleted
+  object back (bucketlog only deletes garbage, which the orphan sweep finds again).
 - Temp files start with TEMP_PREFIX; list() never shows them. A crashed writer can
   leave one behind; remove_stale_temp_files() sweeps those.
 - Blocking file I/O runs in worker threads bounded by a CapacityLimiter.
@@ -263,7 +265,11 @@ def _delete_file(path: str) -> None:
         os.unlink(path)
     except (FileNotFoundError, NotADirectoryError):
         return
-    _fsync_dir(os.path.dirname(path))
+    # No fsync of the folder: every object deleted is garbage (broker.lifecycle's
+    # collection and orphan sweep), and one that a crash brings back is an orphan that
+    # the sweep deletes again. An fsync per delete was a journal commit per object (the
+    # collector deletes hundreds a second after a compaction backlog), each one a wait
+    # for the flushes' own fsyncs.
 
 
 def _list_files(root: str, prefix: str) -> list[ObjectInfo]:
