@@ -212,7 +212,7 @@ def compaction_summary(report: dict[str, Any]) -> str:
         f"Compaction: {c.get('l1_jobs', 0)} level-1 and {c.get('l2_jobs', 0)} level-2 jobs, "
         f"{c.get('bytes_read', 0) / MB:.0f} MB read from the store, "
         f"{c.get('bytes_cached', 0) / MB:.0f} MB from the cache, "
-        f"{c.get('bytes_written', 0) / MB:.0f} MB written, {cpu:.1f} CPU s in its threads: "
+        f"{c.get('bytes_written', 0) / MB:.0f} MB written, {cpu:.1f} CPU s in its workers: "
         f"{cpu / max(produced_gb, 1e-9):.2f} CPU s per GB produced ({produced_gb:.1f} GB)."
     )
 
