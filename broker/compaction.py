@@ -235,14 +235,6 @@ class Compaction:
     async def run_pass(self) -> int:
         """Plan and run jobs until none is left (or one fails or is dropped); the jobs
         committed."""
-        if self._pool is not None and not self._pool.started and await self._level_one_due():
-            # Workers start once there is work (an agent that never compacts has none),
-            # before any claim: level-1 jobs do not hold their inputs while they start.
-            # (A level-2 job found first starts them itself.)
-            try:
-                await self._pool.warm()
-            except Exception as exc:  # the first job tries again
-                logger.warning("compaction's worker processes did not start: %s", exc)
         spans, cleaned = await self._spans()
         committed = 0
         failed = False  # or dropped
@@ -294,14 +286,6 @@ class Compaction:
                 cleaned.add(topic.topic_id)
         return spans, cleaned
 
-    async def _level_one_due(self) -> bool:
-        agent, s = self._agent, self.settings
-        now = _now_ms()
-        selection = await agent.kv.read(
-            lambda tr: compaction_layer.select_l1(tr, agent.sub, now, s.min_age_ms, s.limits)
-        )
-        return bool(selection.chosen or selection.dropped)
-
     async def _plan(self, spans: dict[bytes, int], cleaned: set[bytes]) -> Plan | None:
         agent, s = self._agent, self.settings
         now, node_id = _now_ms(), agent.node_id
@@ -312,6 +296,7 @@ class Compaction:
         )
         plan: Plan | None = None
         if selection.chosen or selection.dropped:
+            await self._start_workers()
             plan = await agent.kv.transact(
                 lambda tr: compaction_layer.claim_l1(
                     tr, agent.sub, selection, node_id, now, s.lease_ms
@@ -332,6 +317,17 @@ class Compaction:
                 )
             )
         return plan
+
+    async def _start_workers(self) -> None:
+        """Start the worker processes once there is work (an agent that never compacts
+        has none), before the claim: level-1 jobs do not hold their inputs while they
+        start. (A level-2 job found first starts them itself.)"""
+        if self._pool is None or self._pool.started:
+            return
+        try:
+            await self._pool.warm()
+        except Exception as exc:  # the first job tries again
+            logger.warning("compaction's worker processes did not start: %s", exc)
 
     async def _release(self, plan: Plan) -> None:
         agent = self._agent
