@@ -793,6 +793,13 @@ def measure(
         )
         result["read_gets"] = reads
         result["read_gets_per_gb"] = round(reads / gb, 1) if gb else None
+        # Where they came from: the Fetches' own GETs (a Fetch that found its bytes
+        # neither cached nor being read ahead) and read-ahead's counters.
+        result["read_path"] = {
+            key: delta.get(key, 0)
+            for key in sorted(delta)
+            if key == "reader.gets" or key.startswith("read_ahead.")
+        }
     return result
 
 

@@ -3,7 +3,8 @@ retention, garbage collection and compaction reach a steady state; then a catch-
 
     .venv/bin/python integration/bench/soak.py --minutes 20 --label soak
 
-What it does, on one bucketlog agent (the embedded stores, or BENCH_BUCKETLOG):
+What it does, on one bucketlog agent (the embedded stores, or BENCH_BUCKETLOG; with
+`--store s3` its objects go to moto's S3 server on 127.0.0.1, started for the run):
 
 1. measures the agent's maximum produce rate into the topic's partitions for a short
    while, and produces at `--fraction` of it (default half) from then on, in one-minute
@@ -33,6 +34,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,24 @@ def store_listing(system: bench.Bucketlog) -> tuple[int, int]:
     return count, size
 
 
+class S3Listing:
+    """(objects, bytes) under the agent's prefix of a bucket on moto's server."""
+
+    def __init__(self, moto: bench.Moto, prefix: str) -> None:
+        self.client = moto.client()
+        self.bucket = moto.bucket
+        self.prefix = prefix
+
+    def __call__(self, system: bench.Bucketlog) -> tuple[int, int]:
+        count = size = 0
+        pages = self.client.get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.bucket, Prefix=self.prefix):
+            for item in page.get("Contents", ()):
+                count += 1
+                size += item["Size"]
+        return count, size
+
+
 def metadata_bytes(system: bench.Bucketlog) -> int:
     total = 0
     for suffix in ("", "-wal", "-shm"):
@@ -80,8 +100,16 @@ def agent_stats(system: bench.Bucketlog) -> dict[str, Any]:
 class Sampler:
     """Samples the agent every interval on a thread of its own."""
 
-    def __init__(self, system: bench.Bucketlog, interval_s: float) -> None:
+    def __init__(
+        self,
+        system: bench.Bucketlog,
+        interval_s: float,
+        listing: Callable[[bench.Bucketlog], tuple[int, int]] = store_listing,
+        others: dict[str, int] | None = None,
+    ) -> None:
         self.system = system
+        self.listing = listing
+        self.others = dict(others or {})  # processes beside the agent: name -> pid
         self.interval_s = interval_s
         self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
@@ -101,10 +129,15 @@ class Sampler:
             self._stop.wait(self.interval_s)
 
     def sample(self) -> dict[str, Any]:
-        objects, size = store_listing(self.system)
+        objects, size = self.listing(self.system)
         stats = agent_stats(self.system)
         lifecycle = stats.get("lifecycle", {})
+        others = {
+            f"{name}_cpu_s": round(bench.tree_cpu_seconds(pid), 2)
+            for name, pid in self.others.items()
+        }
         return {
+            **others,
             "t_s": round(time.monotonic() - self._start, 1),
             "store_objects": objects,
             "store_bytes": size,
@@ -250,6 +283,26 @@ def steady_summary(report: dict[str, Any]) -> str:
     )
 
 
+def requests_summary(report: dict[str, Any]) -> str:
+    """The store requests of the whole run (the agent's, compaction's worker included), per
+    GB produced; and moto's CPU where it ran."""
+    last = report["samples"][-1]
+    store = last.get("store", {})
+    produced_gb = sum(r["records"] for r in report["produce_runs"]) * bench.RECORD_SIZE / 1e9
+    per_gb = ", ".join(
+        f"{store.get(name, 0)} {label} ({store.get(name, 0) / max(produced_gb, 1e-9):.0f} per GB)"
+        for name, label in (("puts", "PUTs"), ("gets", "GETs"), ("deletes", "DELETEs"))
+    )
+    text = f"Store requests until the last sample, for {produced_gb:.1f} GB produced: {per_gb}."
+    if "moto_cpu_s" in last:
+        text += f" moto's server: {last['moto_cpu_s']} CPU s (the agent's: {last['cpu_s']})."
+    return text
+
+
+def _store_name(store: str) -> str:
+    return "moto's S3 server on 127.0.0.1" if store == "s3" else "local folder"
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["settings"]
     rate_source = (
@@ -265,6 +318,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Settings: {s['partitions']} partitions, retention.ms {s['retention_ms']}, "
         f"{s['rate_mb_s']:.1f} MB/s ({s['records_s']} records/s of {bench.RECORD_SIZE} B, "
         f"{rate_source}), {s['minutes']} minutes; "
+        f"store: {_store_name(s.get('store', 'local'))}; "
         f"agent arguments: {' '.join(s['agent_args'])}",
         "",
         "| minute | MB in store | objects | chunk entries | metadata MB | agent CPU s "
@@ -308,7 +362,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r.get('read_gets_per_gb', '-')} | {r['broker_cpu_s_per_gb']} |"
         )
     last = report["samples"][-1]
-    lines += ["", steady_summary(report), ""]
+    lines += ["", steady_summary(report), "", requests_summary(report), ""]
     lines += [
         f"Lifecycle counters at the end: {json.dumps(last['lifecycle'])}",
         "",
@@ -345,6 +399,12 @@ def main() -> int:
         metavar="JSON",
         help="write the markdown and the plot again from a report, and run nothing",
     )
+    parser.add_argument(
+        "--store",
+        choices=("local", "s3"),
+        default="local",
+        help="the agent's object store: its data folder, or a bucket on moto's S3 server",
+    )
     parser.add_argument("--label", default="soak")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
@@ -368,9 +428,23 @@ def main() -> int:
         print(f"[{datetime.datetime.now():%H:%M:%S}] {line}", flush=True)
 
     started = datetime.datetime.now(datetime.UTC)
-    system = bench.Bucketlog(1, agent_args)
-    system.start()
+    moto: bench.Moto | None = None
+    listing: Callable[[bench.Bucketlog], tuple[int, int]] = store_listing
+    others: dict[str, int] = {}
+    if args.store == "s3":
+        moto = bench.Moto(bench.S3_BUCKET)
+        moto.start()
+        assert moto.proc is not None
+        others["moto"] = moto.proc.pid
+        prefix = "soak/"
+        listing = S3Listing(moto, prefix)
+        store_args = ["--storage", f"s3://{moto.bucket}/{prefix.rstrip('/')}"]
+        store_args += ["--s3-endpoint-url", moto.url]
+        system = bench.Bucketlog(1, store_args + agent_args, env=bench.S3_CREDENTIALS)
+    else:
+        system = bench.Bucketlog(1, agent_args)
     try:
+        system.start()
         probe = "soak-probe"
         bench.create_topic(system.bootstrap, probe, args.partitions)
         max_run = bench.producer_perf(system.bootstrap, probe, 200_000, "none")
@@ -384,7 +458,7 @@ def main() -> int:
             [NewTopic(topic, args.partitions, 1, config={"retention.ms": str(args.retention_ms)})]
         )[topic].result(30)
         admin.delete_topics([probe])[probe].result(30)
-        sampler = Sampler(system, args.sample_s)
+        sampler = Sampler(system, args.sample_s, listing, others)
         sampler.start()
         produce_started = time.monotonic()
         runs = produce_for(system, topic, args.minutes, records_s, log)
@@ -399,6 +473,8 @@ def main() -> int:
         sampler.stop()
     finally:
         system.stop()
+        if moto is not None:
+            moto.stop()
 
     stem = started.strftime("%Y-%m-%d") + f"-{args.label}"
     out = Path(args.out)
@@ -422,6 +498,7 @@ def main() -> int:
             "minutes": args.minutes,
             "sample_s": args.sample_s,
             "agent_args": agent_args,
+            "store": args.store,
         },
         "produce_started_monotonic": produce_started,
         "produce_runs": runs,
