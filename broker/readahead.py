@@ -15,12 +15,15 @@ each may be held at a time: the one being read and the next), between `STRETCH_M
 `STRETCH_MAX`. One partition catching up alone reads up to 64 MiB per GET; a consumer of
 64 partitions at once reads 1.3 MiB of each per GET with the default 256 MiB cache.
 
-What one GET reads of an object: the whole object when it is no larger than the stretch.
-Of a larger level-2 object (it holds one partition), the partition's bytes of the
-stretch, as one range. Of a larger object holding many partitions (an ingest file, a
-level-1 object), the whole object while it fits in the third of the cache read-ahead may
-use: a consumer catching up on all of its partitions reads it once, not once per
-partition.
+What one GET reads of an object: the whole object when it is no larger than the stretch;
+of a larger one, the partition's bytes of the stretch, as one range. That holds for
+objects of many partitions too (ingest files, level-1 objects): reading one whole for
+all of its partitions pays only if they all read it while it is cached, and a
+consumer's partitions are seldom at the same point of their logs (each left level 2 at
+its own offset). A 64-partition catch-up on S3 that read such objects whole while they
+fit in a third of the cache pushed them out of it before most partitions had read
+their part: read-ahead read twice the bytes consumed, and most Fetches read again for
+themselves.
 
 A larger level-2 object is read in ranges through one open GET (an object store's
 `open_range_stream`, where it has one): the stretch after a range starts where the range
@@ -65,7 +68,7 @@ from storage.objectstore import ObjectStore, ObjectStoreError, RangeStream
 logger = logging.getLogger(__name__)
 
 QUEUE = 64
-WORKERS = 2
+WORKERS = 16  # stretches read at once (each waits on the store: a thread and a GET)
 STRETCH_MIN = 1024 * 1024
 STRETCH_MAX = 64 * 1024 * 1024
 ENTRIES_PER_READ = 1024  # entries of one stretch (level-2 entries are 256 KiB)
@@ -250,7 +253,7 @@ class ReadAhead:
         if front is not None:
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
-        for piece in _pieces(entries, records, stretch, self._cache.max_bytes // 3):
+        for piece in _pieces(entries, records, stretch):
             if piece in self._reading or (
                 self._cache.covers(piece.object_key, piece.start, piece.end)
                 if piece.start is not None and piece.end is not None
@@ -259,10 +262,16 @@ class ReadAhead:
                 continue
             self._reading[piece] = anyio.Event()
             try:
+                record = records.get(piece.object_key)
                 if piece.start is not None and piece.end is not None:
-                    record = records.get(piece.object_key)
-                    size = piece.end if record is None else record.size
-                    data = await self._read_range(piece.object_key, piece.start, piece.end, size)
+                    if record is not None and record.level == L2:
+                        data = await self._read_range(
+                            piece.object_key, piece.start, piece.end, record.size
+                        )
+                    else:
+                        # One partition's bytes of an object of many: what follows them
+                        # is another partition's, so no stream to read on from.
+                        data = await self._store.get(piece.object_key, piece.start, piece.end)
                 else:
                     data = await self._store.get(piece.object_key, 0, None)
                 if piece.start is None:
@@ -366,7 +375,7 @@ def _middle(entries: Sequence[ChunkEntry]) -> int:
 
 
 def _pieces(
-    entries: Sequence[ChunkEntry], records: dict[str, ObjectRecord], stretch: int, budget: int
+    entries: Sequence[ChunkEntry], records: dict[str, ObjectRecord], stretch: int
 ) -> list[_Piece]:
     """The GETs of a stretch, in offset order (see the module's rules)."""
     spans: dict[str, list[int]] = {}
@@ -377,10 +386,7 @@ def _pieces(
     pieces = []
     for object_key, (start, end) in spans.items():
         record = records.get(object_key)
-        whole = (
-            record is None  # not known: read whole, as before objects had records
-            or record.size <= stretch
-            or (record.level != L2 and record.size <= budget)
-        )
+        # An object not known is read whole, as before objects had records.
+        whole = record is None or record.size <= stretch
         pieces.append(_Piece(object_key, None, None) if whole else _Piece(object_key, start, end))
     return pieces

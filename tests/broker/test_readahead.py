@@ -22,23 +22,25 @@ def record(size: int, level: int | None) -> ObjectRecord:
 def test_what_one_get_reads_of_each_object() -> None:
     entries = [
         entry("small", 0, MiB, 0),
-        entry("level1", 5 * MiB, MiB, 10),  # a 40 MiB object of many partitions
+        entry("small-level1", MiB, MiB, 5),  # a 3 MiB object of many partitions
+        entry("level1", 5 * MiB, MiB, 10),  # a 40 MiB one
         entry("level2", 3 * MiB, MiB, 20),  # a 40 MiB object of this partition
         entry("level2", 4 * MiB, MiB, 30),
-        entry("huge-level1", 7 * MiB, MiB, 40),  # larger than read-ahead's budget
         entry("unknown", 9 * MiB, MiB, 50),  # no record: read whole
     ]
     records = {
         "small": record(2 * MiB, L2),
+        "small-level1": record(3 * MiB, L1),
         "level1": record(40 * MiB, L1),
         "level2": record(40 * MiB, L2),
-        "huge-level1": record(100 * MiB, L1),
     }
-    assert _pieces(entries, records, stretch=4 * MiB, budget=85 * MiB) == [
+    # Whole when no larger than the stretch; else the partition's bytes, whatever the
+    # object's level (a 40 MiB object of many partitions was once read whole).
+    assert _pieces(entries, records, stretch=4 * MiB) == [
         _Piece("small", None, None),
-        _Piece("level1", None, None),
+        _Piece("small-level1", None, None),
+        _Piece("level1", 5 * MiB, 6 * MiB),
         _Piece("level2", 3 * MiB, 5 * MiB),
-        _Piece("huge-level1", 7 * MiB, 8 * MiB),
         _Piece("unknown", None, None),
     ]
 

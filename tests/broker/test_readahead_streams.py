@@ -4,6 +4,7 @@ _read_range), on the local store and on S3 (moto)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -92,3 +93,46 @@ async def test_a_store_without_streams_gets_each_range(
     for start in range(0, 3 * MiB, MiB):
         assert await ahead._read_range("big", start, start + MiB, SIZE) == DATA[start : start + MiB]
     assert gets(store) - before == 3
+
+
+async def test_a_partitions_range_of_a_large_object_of_many_is_one_plain_get(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """Read-ahead of one partition of an object of many partitions, larger than its share
+    of the cache: the partition's bytes with one ranged GET, no stream left open behind
+    them (what follows them is another partition's), and not the whole object."""
+    from metadata import keys
+    from metadata.chunk_cache import ChunkCache
+    from metadata.compaction import L1
+    from metadata.lifecycle import ObjectRecord, put_object
+    from metadata.log import ChunkEntry, put_entry
+    from metadata.sqlite_kv import SQLiteKV
+
+    sub = keys.cluster_subspace("read-ahead-of-many")
+    topic = b"t" * 16
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+    # "big" as a level-1 object: partition p's bytes at [p MiB, p+1 MiB), 10 offsets each.
+    entries = [ChunkEntry("big", p * MiB, MiB, 0, 9, 1, 0) for p in range(6)]
+
+    def write(tr):  # type: ignore[no-untyped-def]
+        put_object(tr, sub, "big", ObjectRecord(SIZE, len(entries), 0, None, L1))
+        for p, e in enumerate(entries):
+            put_entry(tr, sub, topic, p, e)
+
+    kv.transact_sync(write)
+    # A 24 MiB cache, a third of it for read-ahead, shared by 4 partitions read lately:
+    # stretches of 2 MiB. The 6 MiB object would fit the third, not the stretch.
+    ahead = ReadAhead(kv, sub, store, ObjectCache(24 * MiB), ChunkCache())
+    ahead._active, ahead._active_counted_at = 4, time.monotonic()
+    try:
+        assert ahead.stretch_bytes() == 2 * MiB
+        before = gets(store)
+        await ahead._read_stretch((topic, 2), 0, None)
+        assert gets(store) - before == 1
+        assert ahead.stats["ranges"] == 1 and ahead.stats["objects"] == 0
+        assert ahead.stats["bytes"] == MiB
+        assert ahead.stats["streams_opened"] == 0 and not ahead._streams
+        assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
+    finally:
+        await ahead.aclose()
+        kv.close()
