@@ -263,17 +263,16 @@ class ReadAhead:
             self._reading[piece] = anyio.Event()
             try:
                 record = records.get(piece.object_key)
-                if piece.start is not None and piece.end is not None:
-                    if record is not None and record.level == L2:
-                        data = await self._read_range(
-                            piece.object_key, piece.start, piece.end, record.size
-                        )
-                    else:
-                        # One partition's bytes of an object of many: what follows them
-                        # is another partition's, so no stream to read on from.
-                        data = await self._store.get(piece.object_key, piece.start, piece.end)
-                else:
+                if piece.start is None or piece.end is None:
                     data = await self._store.get(piece.object_key, 0, None)
+                elif record is not None and record.level == L2:
+                    data = await self._read_range(
+                        piece.object_key, piece.start, piece.end, record.size
+                    )
+                else:
+                    # One partition's bytes of an object of many: what follows them is
+                    # another partition's, so no stream to read on from.
+                    data = await self._store.get(piece.object_key, piece.start, piece.end)
                 if piece.start is None:
                     self._cache.put(piece.object_key, data)
                     self.stats["objects"] += 1

@@ -436,9 +436,9 @@ def main() -> int:
         moto.start()
         assert moto.proc is not None
         others["moto"] = moto.proc.pid
-        prefix = "soak/"
-        listing = S3Listing(moto, prefix)
-        store_args = ["--storage", f"s3://{moto.bucket}/{prefix.rstrip('/')}"]
+        prefix = "soak"
+        listing = S3Listing(moto, f"{prefix}/")
+        store_args = ["--storage", f"s3://{moto.bucket}/{prefix}"]
         store_args += ["--s3-endpoint-url", moto.url]
         system = bench.Bucketlog(1, store_args + agent_args, env=bench.S3_CREDENTIALS)
     else:

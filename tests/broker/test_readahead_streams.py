@@ -12,6 +12,12 @@ import pytest
 
 from broker import readahead
 from broker.readahead import ReadAhead
+from metadata import keys
+from metadata.chunk_cache import ChunkCache
+from metadata.compaction import L1
+from metadata.lifecycle import ObjectRecord, put_object
+from metadata.log import ChunkEntry, put_entry
+from metadata.sqlite_kv import SQLiteKV
 from storage.cache import ObjectCache
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStore
@@ -101,13 +107,6 @@ async def test_a_partitions_range_of_a_large_object_of_many_is_one_plain_get(
     """Read-ahead of one partition of an object of many partitions, larger than its share
     of the cache: the partition's bytes with one ranged GET, no stream left open behind
     them (what follows them is another partition's), and not the whole object."""
-    from metadata import keys
-    from metadata.chunk_cache import ChunkCache
-    from metadata.compaction import L1
-    from metadata.lifecycle import ObjectRecord, put_object
-    from metadata.log import ChunkEntry, put_entry
-    from metadata.sqlite_kv import SQLiteKV
-
     sub = keys.cluster_subspace("read-ahead-of-many")
     topic = b"t" * 16
     kv = SQLiteKV(str(tmp_path / "meta.db"))
