@@ -89,6 +89,35 @@ def metadata_bytes(system: bench.Bucketlog) -> int:
     return total
 
 
+def level_bytes(system: bench.Bucketlog) -> dict[str, int]:
+    """Bytes of the objects the metadata records, by level and by whether something still
+    names them ("L1": referenced level-1 objects; "L1 dead": level-1 objects waiting out
+    the delete delay), read from the agent's SQLite file."""
+    from metadata import keys
+    from metadata.sqlite_kv import SQLiteKV
+
+    path = system.dir / "data" / "metadata.db"
+    if not path.exists():
+        return {}
+    sub = keys.cluster_subspace("default")
+
+    def read(tr: Any) -> dict[str, int]:
+        out: dict[str, int] = {}
+        begin, end = sub.range(keys.OBJECT)
+        for _key, value in tr.get_range(begin, end):
+            # (size, live entries, created_ms, dead_since_ms, level): metadata/keys.py
+            size, _live, _created, dead_since, level = (*keys.unpack_value(value), None, None)[:5]
+            name = f"L{'?' if level is None else level}" + ("" if dead_since is None else " dead")
+            out[name] = out.get(name, 0) + int(size)
+        return out
+
+    kv = SQLiteKV(str(path))
+    try:
+        return kv.read_sync(read)
+    finally:
+        kv.close()
+
+
 def agent_stats(system: bench.Bucketlog) -> dict[str, Any]:
     path = system.dir / "data" / f"stats-{system.port}.json"
     try:
@@ -142,6 +171,7 @@ class Sampler:
             "store_objects": objects,
             "store_bytes": size,
             "chunk_entries": lifecycle.get("cluster_chunk_entries"),
+            "level_bytes": level_bytes(self.system),
             "metadata_bytes": metadata_bytes(self.system),
             "cpu_s": round(bench.tree_cpu_seconds(self.system.root_pid), 2),
             "lifecycle": lifecycle,
@@ -212,6 +242,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
         "MB in the store (red: 1.3 x rate x retention)",
         1.3 * retention_mb,
     )
+    levels = sorted({name for s in samples for name in s.get("level_bytes", {})})
+    for name in levels:  # what the metadata records of each level (soaks since 2026-11-28)
+        axes[0][1].plot(
+            minutes,
+            [s.get("level_bytes", {}).get(name, 0) / MB for s in samples],
+            linewidth=0.8,
+            label=name,
+        )
+    if levels:
+        axes[0][1].legend(fontsize=7, ncol=2)
     draw(axes[1][0], [s["chunk_entries"] or 0 for s in samples], "chunk-index entries")
     draw(axes[1][1], [s["metadata_bytes"] / MB for s in samples], "metadata file MB")
     cpu = [s["cpu_s"] for s in samples]
@@ -280,6 +320,20 @@ def steady_summary(report: dict[str, Any]) -> str:
         f"<= 1.3); objects {objects[0]:.0f} / {objects[1]:.0f} / {objects[2]:.0f}; chunk "
         f"entries {entries[0]:.0f} / {entries[1]:.0f} / {entries[2]:.0f}; metadata MB "
         f"{meta[0]:.1f} / {meta[1]:.1f} / {meta[2]:.1f}."
+    ) + level_summary(steady, limit)
+
+
+def level_summary(steady: list[dict[str, Any]], limit: float) -> str:
+    """The median bytes of each level the metadata records, over the steady samples."""
+    names = sorted({name for x in steady for name in x.get("level_bytes", {})})
+    if not names:
+        return ""
+    parts = []
+    for name in names:
+        mid = statistics.median(x.get("level_bytes", {}).get(name, 0) / MB for x in steady)
+        parts.append(f"{name} {mid:.0f} MB ({mid / limit:.2f})")
+    return " By level, as the metadata records them (median MB, x rate x retention): " + (
+        ", ".join(parts) + "."
     )
 
 
