@@ -162,6 +162,13 @@ def select_l1(
     run in a read transaction (on SQLite: without the write lock that produce commits
     wait for), `claim_l1` then claiming them in a short one.
 
+    A job is taken once it is full (max_inputs objects, or the next object would pass
+    max_bytes or max_entries) or its oldest object is twice min_age_ms old: objects that
+    reach the minimum age a few at a time (an object store's flushes of a few MB every
+    quarter of a second) wait a little for the others, so that each level-1 object holds
+    as long a run of each partition as the limits allow, and a level-2 job of a partition
+    reads fewer, longer ranges.
+
     An object that alone passes max_bytes or max_entries leaves the queue: it stays a
     level-0 object until retention takes it. So does the oldest object when it fits a job
     with none of the objects after it (each too large to go with it, as when every file
@@ -175,9 +182,12 @@ def select_l1(
     dropped: list[tuple[int, str]] = []
     total_bytes = total_entries = 0
     passed_over = False
+    full = False
     topics: dict[bytes, bool] = {}
-    for row_key, value in tr.get_range(begin, end, limit=SCAN):
+    rows = tr.get_range(begin, end, limit=SCAN)
+    for row_key, value in rows:
         if len(chosen) == limits.max_inputs:
+            full = True
             break
         if _claimed(keys.unpack_value(value), now_ms):
             continue
@@ -192,16 +202,19 @@ def select_l1(
             continue
         if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:
             if len(chosen) >= 2:
-                break  # full
+                full = True
+                break
             passed_over = True
             continue  # may fit a later job; look for smaller ones to go with
         chosen.append((created, object_key, found))
         total_bytes += size
         total_entries += len(found)
+    else:
+        full = len(chosen) == limits.max_inputs or len(rows) == SCAN
     if len(chosen) == 1 and passed_over:
         dropped.append(chosen[0][:2])  # fits with none after it
-    if len(chosen) < 2:
-        chosen = []
+    if len(chosen) < 2 or not (full or now_ms - chosen[0][0] >= 2 * min_age_ms):
+        chosen = []  # nothing to merge yet, or a job that can still grow
     return L1Selection(tuple(chosen), tuple(dropped))
 
 

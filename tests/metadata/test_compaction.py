@@ -160,6 +160,25 @@ def test_a_plan_takes_old_unclaimed_objects_within_its_limits(kv):
     assert _claims(kv)["a"] == (3, NOW + 2 * LEASE)
 
 
+def test_a_job_that_can_still_grow_waits_up_to_twice_the_minimum_age(kv):
+    """Objects that reach the minimum age a few at a time wait for the others, so that a
+    level-1 object holds long runs; a full job, or one whose oldest object is twice the
+    minimum age, goes at once."""
+    topic = _topic(kv, partitions=1)
+    for key in "abc":
+        _append(kv, topic, key, {0: [(1, 10)]})  # created at 1
+    min_age = 1000
+    assert _plan_l1(kv, now=1 + 2 * min_age - 1, min_age=min_age) is None  # may grow
+    full = _plan_l1(kv, now=1 + min_age, min_age=min_age, max_inputs=3)
+    assert full is not None and full.input_keys == ["a", "b", "c"]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, full, 1))
+    by_bytes = _plan_l1(kv, now=1 + min_age, min_age=min_age, max_bytes=250)
+    assert by_bytes is not None and by_bytes.input_keys == ["a", "b"]  # c would not fit
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, by_bytes, 1))
+    plan = _plan_l1(kv, now=1 + 2 * min_age, min_age=min_age)
+    assert plan is not None and plan.input_keys == ["a", "b", "c"]
+
+
 def test_a_selection_claims_nothing_once_another_plan_took_one_of_its_objects(kv):
     """The agent reads what to take in a read transaction and claims it in a second one:
     an object claimed in between makes the claim give up whole."""
@@ -173,8 +192,7 @@ def test_a_selection_claims_nothing_once_another_plan_took_one_of_its_objects(kv
     other = _plan_l1(kv, node=2, max_inputs=2)  # another agent plans a and b meanwhile
     assert other.input_keys == ["a", "b"]
     assert (
-        kv.transact_sync(lambda tr: compaction.claim_l1(tr, SUB, selection, 1, NOW, LEASE))
-        is None
+        kv.transact_sync(lambda tr: compaction.claim_l1(tr, SUB, selection, 1, NOW, LEASE)) is None
     )
     assert _claims(kv) == {"a": (2, NOW + LEASE), "b": (2, NOW + LEASE), "c": ()}
     # With nothing taken in between, the claim is the plan a single transaction makes.
