@@ -390,7 +390,7 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         _positive,
         64 * 1024 * 1024,
         "bytes of entries one job reads and holds at most (it holds its output too); also"
-        " the size of a level-2 object, one partition's",
+        " the size of a level-2 object (the runs of one or a few partitions)",
     ),
     (
         "compaction-max-entries",

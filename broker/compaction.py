@@ -5,9 +5,11 @@ The metadata side (plans, claims, the re-pointing commit) is `metadata.compactio
 Rules:
 
 - Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs
-  (up to `max_inputs` ingest files into one object) first, then level-2 jobs (one
-  partition's level-1 entries, from up to `l2_max_inputs` objects, into an object of its
-  own, once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
+  (up to `max_inputs` ingest files into one object, once that many or the job's limits
+  are reached or the oldest is twice `min_age_ms` old) first, then level-2 jobs (a
+  partition's level-1 entries, from up to `l2_max_inputs` objects, into a run of a
+  new object, which the next due partitions of its topic share while their runs fit
+  whole; once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
   `l2_max_wait_ms`, or the topic's retention span if that is shorter); at most
   `max_jobs` at once. Any agent runs any
   job: a plan claims its inputs in the metadata store, and a dead agent's claims expire

@@ -3,11 +3,14 @@
 Levels. An ingest file is level 0: it holds many partitions, a little of each. A level-1
 job merges up to `max_inputs` level-0 objects older than a minimum age into one object
 that holds, per partition, the batches of all its inputs in offset order. A level-2 job
-merges one partition's consecutive entries in up to `l2_max_inputs` level-1 objects into
-an object of that partition alone. It starts once the partition's level-1 entries hold
-`max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them has waited
-`max_wait_ms` (less on a topic whose retention span is shorter: waiting longer than a
-run may cover gains nothing). Batches are copied byte for byte; no offset ever changes.
+merges a partition's consecutive entries in up to `l2_max_inputs` level-1 objects into
+one run of a new object, with the runs of the next partitions of its topic that
+are due too while they fit the job whole (a level-1 object holds them one after the
+other, so the job reads them in one range). It starts once the partition's level-1
+entries hold `max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them
+has waited `max_wait_ms` (less on a topic whose retention span is shorter: waiting
+longer than a run may cover gains nothing). Batches are copied byte for byte; no offset
+ever changes.
 
 Rules:
 
@@ -89,10 +92,10 @@ class Plan:
     level: int  # the output's level
     entries: tuple[JobEntry, ...]
     queued: tuple[tuple[int, str], ...] = ()  # (created_ms, key) of level-0 inputs
-    partition: tuple[bytes, int] | None = None  # the partition of a level-2 job
-    # Of a level-2 job: when the level-1 object holding its last entry was written. What
-    # the run leaves in level 1 came in that object or (nearly always) after it.
-    last_input_created_ms: int = 0
+    # Of a level-2 job, per partition it claimed: (topic id, partition, when the level-1
+    # object holding its run's last entry was written). What the run leaves in level 1
+    # came in that object or (nearly always) after it.
+    level_one_rows: tuple[tuple[bytes, int, int], ...] = ()
 
     @property
     def input_keys(self) -> list[str]:
@@ -390,10 +393,14 @@ def plan_l2(
     *,
     max_wait_ms: int,
 ) -> Plan | None:
-    """Claim one partition whose level-1 entries are due for level 2 (they hold max_bytes,
+    """Claim a partition whose level-1 entries are due for level 2 (they hold max_bytes,
     come from l2_max_inputs objects, or the oldest of them has waited max_wait_ms), and
     plan its first run of consecutive level-1 entries (those of two objects at least; a
-    run inside one object is read in one piece already, and is passed over).
+    run inside one object is read in one piece already, and is passed over). The next
+    partitions of the topic that are due too join the job while their runs fit its
+    limits whole: a level-1 object holds the partitions of a topic one after the other,
+    so that the job reads their runs in one range of each object (a job per partition
+    would read each object once per partition), and they leave level 1 together.
 
     `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
     that retention by time never waits long for the rest of an object); such a topic's
@@ -405,7 +412,8 @@ def plan_l2(
     """
     spans = max_span_ms or {}
     begin, end = sub.range(keys.L1_PARTITION)
-    for row_key, value in tr.get_range(begin, end, limit=SCAN):
+    rows = tr.get_range(begin, end, limit=SCAN)
+    for index, (row_key, value) in enumerate(rows):
         row = _L1Row.unpack(value)
         if row.node_id != NOBODY and row.expires_ms > now_ms:
             continue
@@ -418,49 +426,114 @@ def plan_l2(
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
-        offset = row.first_offset
-        for _ in range(PASSED_OVER):
-            run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span)
-            if not run.entries:
-                tr.clear(row_key)  # nothing (left) in level 1: the row was stale
+        run = _first_run(tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span)
+        if run is None:
+            continue
+        group = [(row_key, row, topic_id, partition, run)]
+        for next_key, next_value in rows[index + 1 :]:
+            joined = _joining(tr, sub, next_key, next_value, group, now_ms, limits, wait_ms, span)
+            if joined is None:
                 break
-            first = run.entries[0]
-            if len({e.object_key for e in run.entries}) >= 2:
-                claimed = replace(
-                    row,
-                    first_offset=first.base_offset,
-                    node_id=node_id,
-                    expires_ms=now_ms + lease_ms,
-                )
-                tr.set(row_key, claimed.pack())
-                return Plan(
-                    L2,
-                    tuple(JobEntry(topic_id, partition, e) for e in run.entries),
-                    partition=(topic_id, partition),
-                    last_input_created_ms=run.last_created_ms,
-                )
-            run_bytes = sum(e.length for e in run.entries)
-            oldest = max(row.oldest_ms, run.last_created_ms)
-            if not run.ended:
-                # The partition's last level-1 entries, in one object: they wait for the
-                # next level-1 objects of the partition.
-                tr.set(row_key, _L1Row(run_bytes, 1, first.base_offset, oldest_ms=oldest).pack())
-                break
-            # A run inside one object that can grow no more: passed over for good.
-            row = _L1Row(
-                row.size - run_bytes,
-                row.objects - 1,
-                run.entries[-1].last_offset + 1,
-                oldest_ms=oldest,
+            group.append(joined)
+        entries: list[JobEntry] = []
+        claimed_rows = []
+        for key, member, member_topic, member_partition, member_run in group:
+            first = member_run.entries[0]
+            claimed = replace(
+                member,
+                first_offset=first.base_offset,
+                node_id=node_id,
+                expires_ms=now_ms + lease_ms,
             )
-            if row.objects <= 0 or row.size <= 0:
-                tr.clear(row_key)
-                break
-            tr.set(row_key, row.pack())
-            if not row.due(now_ms, limits, wait_ms):
-                break  # what is left is not due yet
-            offset = row.first_offset
+            tr.set(key, claimed.pack())
+            entries += (JobEntry(member_topic, member_partition, e) for e in member_run.entries)
+            claimed_rows.append((member_topic, member_partition, member_run.last_created_ms))
+        return Plan(L2, tuple(entries), level_one_rows=tuple(claimed_rows))
     return None
+
+
+def _first_run(
+    tr: Transaction,
+    sub: keys.Subspace,
+    row_key: bytes,
+    row: _L1Row,
+    topic_id: bytes,
+    partition: int,
+    now_ms: int,
+    limits: Limits,
+    wait_ms: int,
+    span: int | None,
+) -> _Run | None:
+    """The due partition's first run of two objects at least; None when it has none now
+    (runs inside one object are passed over, and the row is brought up to date)."""
+    offset = row.first_offset
+    for _ in range(PASSED_OVER):
+        run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span)
+        if not run.entries:
+            tr.clear(row_key)  # nothing (left) in level 1: the row was stale
+            return None
+        first = run.entries[0]
+        if len({e.object_key for e in run.entries}) >= 2:
+            return run
+        run_bytes = sum(e.length for e in run.entries)
+        oldest = max(row.oldest_ms, run.last_created_ms)
+        if not run.ended:
+            # The partition's last level-1 entries, in one object: they wait for the
+            # next level-1 objects of the partition.
+            tr.set(row_key, _L1Row(run_bytes, 1, first.base_offset, oldest_ms=oldest).pack())
+            return None
+        # A run inside one object that can grow no more: passed over for good.
+        row = _L1Row(
+            row.size - run_bytes,
+            row.objects - 1,
+            run.entries[-1].last_offset + 1,
+            oldest_ms=oldest,
+        )
+        if row.objects <= 0 or row.size <= 0:
+            tr.clear(row_key)
+            return None
+        tr.set(row_key, row.pack())
+        if not row.due(now_ms, limits, wait_ms):
+            return None  # what is left is not due yet
+        offset = row.first_offset
+    return None
+
+
+def _joining(
+    tr: Transaction,
+    sub: keys.Subspace,
+    row_key: bytes,
+    value: bytes,
+    group: list[tuple[bytes, _L1Row, bytes, int, _Run]],
+    now_ms: int,
+    limits: Limits,
+    wait_ms: int,
+    span: int | None,
+) -> tuple[bytes, _L1Row, bytes, int, _Run] | None:
+    """The next row's partition with its run, if it joins the group's job: the next
+    partition of the same topic, unclaimed and due, with a run of two objects at least
+    that fits the job's limits whole beside the group's runs. None ends the group."""
+    _key, _row, topic_id, last_partition, _run = group[-1]
+    _tag, row_topic, row_partition = sub.unpack(row_key)
+    if bytes(row_topic) != topic_id or int(row_partition) != last_partition + 1:
+        return None
+    row = _L1Row.unpack(value)
+    if (row.node_id != NOBODY and row.expires_ms > now_ms) or not row.due(now_ms, limits, wait_ms):
+        return None
+    run = _level_one_run(tr, sub, topic_id, int(row_partition), row.first_offset, limits, span)
+    if len({e.object_key for e in run.entries}) < 2:
+        return None  # left to a plan of its own
+    runs = [member[4] for member in group] + [run]
+    total_bytes = sum(e.length for r in runs for e in r.entries)
+    total_entries = sum(len(r.entries) for r in runs)
+    objects = {e.object_key for r in runs for e in r.entries}
+    if (
+        total_bytes > limits.max_bytes
+        or total_entries > limits.max_entries
+        or len(objects) > limits.l2_max_inputs
+    ):
+        return None
+    return row_key, row, topic_id, int(row_partition), run
 
 
 # -- output -------------------------------------------------------------------------------
@@ -571,8 +644,8 @@ def release(tr: Transaction, sub: keys.Subspace, plan: Plan, node_id: int) -> No
         raw = tr.get(row_key)
         if raw is not None and keys.unpack_value(raw)[:1] == (node_id,):
             tr.set(row_key, keys.pack_value(()))
-    if plan.partition is not None:
-        row_key = sub.key(keys.L1_PARTITION, *plan.partition)
+    for topic_id, partition, _created_ms in plan.level_one_rows:
+        row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
         raw = tr.get(row_key)
         if raw is not None:
             row = _L1Row.unpack(raw)
@@ -624,7 +697,7 @@ def commit_job(
         for topic_id, partition, entries in plan.partitions():
             _add_level_one(tr, sub, topic_id, partition, entries, now_ms)
     release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
-    if plan.level == L2 and plan.partition is not None:
+    if plan.level == L2:
         _took_level_one(tr, sub, plan)
     return JobResult(True)
 
@@ -681,21 +754,27 @@ def _add_level_one(
 
 
 def _took_level_one(tr: Transaction, sub: keys.Subspace, plan: Plan) -> None:
-    assert plan.partition is not None
-    row_key = sub.key(keys.L1_PARTITION, *plan.partition)
-    raw = tr.get(row_key)
-    if raw is None:
-        return
-    old = _L1Row.unpack(raw)
-    first, oldest = old.first_offset, old.oldest_ms
-    if first >= plan.entries[0].entry.base_offset:  # no level-1 entries before the run came
-        first = plan.entries[-1].entry.last_offset + 1
-        # What is left came in the run's last object or after it.
-        oldest = max(oldest, plan.last_input_created_ms)
-    row = _L1Row(
-        old.size - plan.input_bytes, old.objects - len(plan.input_keys), first, oldest_ms=oldest
-    )
-    if row.size <= 0 or row.objects <= 0:
-        tr.clear(row_key)
-    else:
-        tr.set(row_key, row.pack())
+    """A level-2 job committed: each of its partitions' rows loses the run it took."""
+    runs = {(t, p): entries for t, p, entries in plan.partitions()}
+    for topic_id, partition, last_created_ms in plan.level_one_rows:
+        entries = runs.get((topic_id, partition))
+        row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
+        raw = tr.get(row_key)
+        if raw is None or not entries:
+            continue
+        old = _L1Row.unpack(raw)
+        first, oldest = old.first_offset, old.oldest_ms
+        if first >= entries[0].base_offset:  # no level-1 entries before the run came
+            first = entries[-1].last_offset + 1
+            # What is left came in the run's last object or after it.
+            oldest = max(oldest, last_created_ms)
+        row = _L1Row(
+            old.size - sum(e.length for e in entries),
+            old.objects - len({e.object_key for e in entries}),
+            first,
+            oldest_ms=oldest,
+        )
+        if row.size <= 0 or row.objects <= 0:
+            tr.clear(row_key)
+        else:
+            tr.set(row_key, row.pack())

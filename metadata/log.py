@@ -183,6 +183,19 @@ def object_entries(
     return out
 
 
+def partition_end_in_object(
+    tr: ReadTransaction, sub: keys.Subspace, object_key: str, topic_id: bytes, partition: int
+) -> int | None:
+    """Where the partition's bytes in the object end (its last entry there, from the
+    object's reverse index); None when no entry of the partition names the object."""
+    begin, end = sub.range(keys.OBJECT_CHUNK, object_key, topic_id, partition)
+    found = tr.get_range(begin, end, limit=1, reverse=True)
+    if not found:
+        return None
+    start, length, *_rest = keys.unpack_value(found[0][1])
+    return int(start) + int(length)
+
+
 def iter_entries(
     tr: ReadTransaction,
     sub: keys.Subspace,

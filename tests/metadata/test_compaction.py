@@ -320,7 +320,7 @@ def test_a_level_two_job_gathers_one_partitions_level_one_entries(kv):
     assert _l1_rows(kv) == {0: (400, 2, 0, -1, 0, NOW), 1: (100, 1, 0, -1, 0, NOW)}
     assert _plan_l2(kv, l2_max_inputs=3) is None  # neither 3 objects nor max_bytes yet
     plan = _plan_l2(kv, l2_max_inputs=2)
-    assert plan.level == L2 and plan.partition == (topic.topic_id, 0)
+    assert plan.level == L2 and plan.level_one_rows == ((topic.topic_id, 0, NOW),)
     assert plan.input_keys == ["x", "y"]
     assert _l1_rows(kv)[0][3:5] == (1, NOW + LEASE)  # claimed
     assert _plan_l2(kv, node=2, l2_max_inputs=2) is None  # p1 waits for more
@@ -335,6 +335,64 @@ def test_a_level_two_job_gathers_one_partitions_level_one_entries(kv):
     assert _reverse(kv, "x") == [(1, 0, 0)]
     assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0, NOW)}
     assert _state(kv, topic, 0) == log.PartitionState(4, 0, 400)
+
+
+def _partitions_in_two_level_one_objects(kv: KV, partitions: int) -> topics.Topic:
+    """Every partition has 200 bytes in level-1 object x (offsets 0-1) and 200 in y (2-3)."""
+    topic = _topic(kv, partitions=partitions)
+    for name in ("x", "y"):
+        for half in "ab":
+            _append(kv, topic, f"{name}{half}", {p: [(1, 10)] for p in range(partitions)})
+        assert _commit(kv, _plan_l1(kv), name).committed
+    return topic
+
+
+def test_the_next_due_partitions_of_a_topic_join_a_level_two_job_while_it_fits(kv):
+    topic = _partitions_in_two_level_one_objects(kv, 4)
+    tid = topic.topic_id
+    # Four partitions of 400 bytes: 1,000 bytes take the first two whole, not half of p2.
+    plan = _plan_l2(kv, l2_max_inputs=2, max_bytes=1000)
+    assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1)]
+    assert [p for _t, p, _e in plan.partitions()] == [0, 1]
+    assert plan.input_keys == ["x", "y"] and plan.input_bytes == 800
+    assert all(_l1_rows(kv)[p][3:5] == (1, NOW + LEASE) for p in (0, 1))
+    assert _l1_rows(kv)[2][3] == -1  # not claimed
+    second = _plan_l2(kv, node=2, l2_max_inputs=2, max_bytes=1000)
+    assert [r[:2] for r in second.level_one_rows] == [(tid, 2), (tid, 3)]
+    assert _commit(kv, plan, "z", size=808).committed
+    assert _commit(kv, second, "w", size=808, node=2).committed
+    # One object of two partitions each: their runs one after the other.
+    assert _full_entries(kv, topic, 0) == [log.ChunkEntry("z", HEADER, 400, 0, 3, 4, 10)]
+    assert _full_entries(kv, topic, 1) == [log.ChunkEntry("z", HEADER + 400, 400, 0, 3, 4, 10)]
+    assert _entries(kv, topic, 3) == [("w", 0, 3)]
+    assert _l1_rows(kv) == {}
+    assert _object(kv, "x").dead_since_ms == NOW and _object(kv, "y").dead_since_ms == NOW
+    assert _object(kv, "z") == lifecycle.ObjectRecord(808, 2, NOW, None, L2)
+    # Where each partition's run ends (a read-ahead stream of one run stops there).
+    ends = kv.transact_sync(
+        lambda tr: [log.partition_end_in_object(tr, SUB, "z", tid, p) for p in range(3)]
+    )
+    assert ends == [HEADER + 400, HEADER + 800, None]
+
+
+def test_a_partition_joins_a_level_two_job_only_next_to_it_and_due(kv):
+    topic = _partitions_in_two_level_one_objects(kv, 3)
+    tid = topic.topic_id
+    # p1 is claimed by another job: p2 does not join p0's, which would not be one range.
+    other = _plan_l2(kv, node=2, l2_max_inputs=2, max_bytes=400)
+    assert [r[:2] for r in other.level_one_rows] == [(tid, 0)]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, other, 2))
+    row_key = SUB.key(keys.L1_PARTITION, tid, 1)
+    kv.transact_sync(lambda tr: tr.set(row_key, keys.pack_value((400, 2, 0, 9, NOW + LEASE, NOW))))
+    plan = _plan_l2(kv, l2_max_inputs=2)
+    assert [r[:2] for r in plan.level_one_rows] == [(tid, 0)]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+    kv.transact_sync(lambda tr: tr.set(row_key, keys.pack_value((400, 2, 0, -1, 0, NOW))))
+    # Due by the wait alone: a partition whose level-1 data arrived later does not join.
+    later = keys.pack_value((400, 2, 0, -1, 0, NOW + 1))
+    kv.transact_sync(lambda tr: tr.set(SUB.key(keys.L1_PARTITION, tid, 2), later))
+    plan = _plan_l2(kv, now=NOW + 100, wait=100)
+    assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1)]
 
 
 def test_a_level_two_job_is_refused_when_retention_took_an_entry(kv):
@@ -397,7 +455,7 @@ def test_few_small_level_one_objects_reach_level_two_once_the_oldest_has_waited(
     # Far from max_bytes and from 256 objects: only the wait starts a job.
     assert _plan_l2(kv, now=NOW + wait - 1, wait=wait) is None
     plan = _plan_l2(kv, now=NOW + wait, wait=wait)
-    assert plan is not None and plan.partition == (topic.topic_id, 0)
+    assert plan is not None and [r[:2] for r in plan.level_one_rows] == [(topic.topic_id, 0)]
     assert plan.input_keys == ["x", "y"]
     assert _commit(kv, plan, "z", now=NOW + wait).committed
     assert _entries(kv, topic, 0) == [("z", 0, 3)]
