@@ -134,10 +134,10 @@ class AccountingStore:
         self._record("GET", len(data), "out")
         return data
 
-    def open_range_stream(self, key: str, start: int) -> RangeStream:
+    def open_range_stream(self, key: str, start: int, end: int | None = None) -> RangeStream:
         weights = _charged_now()
         self.ledger.record(weights, "GET", 0, "out")
-        stream = self.inner.open_range_stream(key, start)  # type: ignore[attr-defined]
+        stream = self.inner.open_range_stream(key, start, end)  # type: ignore[attr-defined]
         return _ChargedStream(stream, self.ledger, weights)
 
     async def delete(self, key: str) -> None:

@@ -114,12 +114,12 @@ class InjectedLatencyStore:
             time.sleep(self._draw(self._get_delay, "get"))
         return self.inner.get_sync(key, start, end)
 
-    def open_range_stream(self, key: str, start: int) -> RangeStream:
+    def open_range_stream(self, key: str, start: int, end: int | None = None) -> RangeStream:
         """The wrapped store's stream, opened after a GET's delay (blocking)."""
         if self._get_delay is not None:
             time.sleep(self._draw(self._get_delay, "get"))
         opener = self.inner.open_range_stream  # type: ignore[attr-defined]
-        stream: RangeStream = opener(key, start)
+        stream: RangeStream = opener(key, start, end)
         return stream
 
     async def delete(self, key: str) -> None:

@@ -98,15 +98,16 @@ class LocalObjectStore:
         self.stats["bytes_got"] += len(data)
         return data
 
-    def open_range_stream(self, key: str, start: int) -> _LocalRangeStream:
-        """The object from `start` on, read in order as wanted (blocking)."""
+    def open_range_stream(self, key: str, start: int, end: int | None = None) -> _LocalRangeStream:
+        """The object from `start` on (to `end`, or its end), read in order as wanted
+        (blocking)."""
         self.stats["gets"] += 1
         path = self._path(key)
         try:
             fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"no such object: {key!r}") from None
-        return _LocalRangeStream(self, fd, start)
+        return _LocalRangeStream(self, fd, start, end)
 
     async def delete(self, key: str) -> None:
         path = self._path(key)
@@ -236,12 +237,15 @@ class _LocalRangeStream:
     """An open object file read in order (storage.objectstore.RangeStream); a deleted
     object stays readable through it, as through an open GET."""
 
-    def __init__(self, store: LocalObjectStore, fd: int, position: int) -> None:
+    def __init__(self, store: LocalObjectStore, fd: int, position: int, end: int | None) -> None:
         self._store = store
         self._fd = fd
         self._position = position
+        self._end = end
 
     def read(self, n: int) -> bytes:
+        if self._end is not None:
+            n = min(n, self._end - self._position)
         chunks: list[bytes] = []
         while n > 0:
             chunk = os.pread(self._fd, n, self._position)

@@ -35,11 +35,12 @@ STAT_NAMES = ("puts", "gets", "deletes", "lists", "bytes_put", "bytes_got")
 
 
 class RangeStream(Protocol):
-    """An object's bytes from an offset on, read in order as they are wanted (one GET
-    for all of them). Blocking: call from a worker thread, one at a time."""
+    """An object's bytes from an offset on (to its end, or to an end given when it was
+    opened), read in order as they are wanted (one GET for all of them). Blocking: call
+    from a worker thread, one at a time."""
 
     def read(self, n: int) -> bytes:
-        """The next n bytes (fewer only at the object's end)."""
+        """The next n bytes (fewer only at the stream's end)."""
         ...
 
     def close(self) -> None: ...

@@ -161,10 +161,12 @@ class S3ObjectStore:
         self.stats["bytes_got"] += len(data)
         return data
 
-    def open_range_stream(self, key: str, start: int) -> _S3RangeStream:
-        """The object from `start` on, as one GET read as wanted (blocking: in a worker
-        thread). Streams have their own connections (STREAM_CONNECTIONS), so that
-        open ones never take the pool of the other requests."""
+    def open_range_stream(self, key: str, start: int, end: int | None = None) -> _S3RangeStream:
+        """The object from `start` on (to `end`, or its end), as one GET read as wanted
+        (blocking: in a worker thread). Streams have their own connections
+        (STREAM_CONNECTIONS), so that open ones never take the pool of the other
+        requests."""
+        _check_range(start, end)
         self.stats["gets"] += 1
         if self._stream_client is None:
             with self._stream_client_lock:
@@ -177,7 +179,7 @@ class S3ObjectStore:
                 self._stream_client.get_object,
                 Bucket=self.bucket,
                 Key=self.prefix + key,
-                Range=f"bytes={start}-",
+                Range=f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}",
             )
         )
         return _S3RangeStream(self, key, response["Body"])

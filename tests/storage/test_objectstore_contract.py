@@ -197,3 +197,22 @@ async def test_stats_count_calls(store: ObjectStore) -> None:
         "bytes_put": 5,
         "bytes_got": 2,
     }
+
+
+async def test_a_range_stream_reads_on_in_order_up_to_its_end(store: ObjectStore) -> None:
+    """One GET read as wanted (read-ahead's streams), to the object's end or to an end
+    given when it is opened."""
+    data = bytes(range(256)) * 64
+    await store.put("streamed", data)
+    open_stream = store.open_range_stream  # type: ignore[attr-defined]
+    to_end = await anyio.to_thread.run_sync(open_stream, "streamed", 100)
+    bounded = await anyio.to_thread.run_sync(open_stream, "streamed", 1000, 3000)
+    try:
+        assert to_end.read(900) == data[100:1000]
+        assert to_end.read(len(data)) == data[1000:]
+        assert bounded.read(1500) == data[1000:2500]
+        assert bounded.read(len(data)) == data[2500:3000]
+        assert bounded.read(10) == b""
+    finally:
+        to_end.close()
+        bounded.close()
