@@ -26,42 +26,53 @@ their part: read-ahead read twice the bytes consumed, and most Fetches read agai
 themselves.
 
 A larger level-2 object is read in ranges through one open GET (an object store's
-`open_range_stream`, where it has one): the stretch after a range starts where the range
-ended, so the next stretch is read on from the same stream, and a partition caught up
-costs one GET per level-2 object however small its stretches are (64 partitions caught
-up at once: 1.3 MiB stretches, 64 MiB objects, 16 GETs per GB rather than 770). At most
+`open_range_stream`, where it has one) that ends where the partition's run in the object
+ends (a level-2 object may hold the runs of a few partitions, one after the other): the
+stretch after a range starts where the range ended, so the next stretch is read on from
+the same stream, and a partition caught up costs one GET per run of a level-2 object
+however small its stretches are (64 partitions caught up at once: 1.3 MiB stretches,
+64 MiB runs, 16 GETs per GB rather than 770). At most
 `STREAMS` are open, the least recently read closed first; one unread for
 `STREAM_IDLE_SECONDS` is closed; a stream asked for bytes before its position, or more
 than `STREAM_SKIP` past it, is closed and another opened where wanted. An open stream
 holds no memory of the agent's: the bytes not yet read wait in the socket (the kernel's
 receive buffer, and TCP's flow control stops the sender there).
 
+A Fetch that overtook its read-ahead (its bytes neither cached nor being read) does not
+read them itself with a GET of its own, beside the stretch it asks for: the stretch
+starts at its first missing entry, is served before the stretches asked for ahead of
+the consumers, and the Fetch waits for its bytes to be read (the ranges it waits for are
+*promised*: `in_flight` names them, and each is released once the cache holds it or
+the stretch ended). So does a Fetch whose partition has a stretch queued that starts at
+or before its bytes. A consumer faster than the store then waits for read-ahead rather
+than adding a GET per partition and Fetch.
+
 Best effort and bounded: requests wait in a queue of `QUEUE` (a request that does not
 fit is dropped and counted), `WORKERS` tasks serve them, a partition has at most one
 request queued or being read, a range already cached or being read is not read again,
 and a failure is logged and forgotten (the Fetch that needs the bytes then reads them
-itself).
+itself, after its wait).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from broker.costs import charge
+from broker.sync import Flag
 from metadata import keys
 from metadata.chunk_cache import ChunkCache, read_chunks_cached
 from metadata.compaction import L2
 from metadata.kv import KV, ReadTransaction
 from metadata.lifecycle import ObjectRecord, get_object
-from metadata.log import ChunkEntry
+from metadata.log import ChunkEntry, partition_end_in_object
 from storage.cache import ObjectCache
 from storage.objectstore import ObjectStore, ObjectStoreError, RangeStream
 
@@ -89,6 +100,24 @@ class _Front:
     refill_at: int = -1  # a Fetch reaching this offset asks for the next stretch
     busy: bool = False  # a request is queued or being read
     seen: float = 0.0  # time.monotonic() of the last Fetch that noted the partition
+    request: _Request | None = None  # the request queued or being read
+
+
+_Range = tuple[str, int, int]  # object key, start, end
+
+
+@dataclass(slots=True)
+class _Request:
+    """A stretch of a partition to read, from an offset on."""
+
+    partition: _Partition
+    from_offset: int
+    urgent: bool = False  # a Fetch waits for it: served before the others
+    promised: list[_Range] | None = None  # ranges Fetches wait for (ReadAhead._promised)
+    until_offset: int = -1  # once planned: the first offset after its stretch
+
+    def may_bring(self, offset: int) -> bool:
+        return self.from_offset <= offset and (self.until_offset < 0 or offset < self.until_offset)
 
 
 @dataclass(slots=True)
@@ -108,6 +137,9 @@ class _Piece:
     object_key: str
     start: int | None
     end: int | None
+    # Of a range of a level-2 object read through a stream: where the partition's run in
+    # the object ends (the stream's end).
+    stream_end: int | None = None
 
 
 class ReadAhead:
@@ -127,17 +159,22 @@ class ReadAhead:
         self._sub = sub
         self._store = store
         self._cache = cache
-        self._send, self._receive = anyio.create_memory_object_stream[tuple[_Partition, int]](QUEUE)
-        self._reading: dict[_Piece, anyio.Event] = {}  # set once its bytes are cached
+        self._urgent: deque[_Request] = deque()
+        self._ahead: deque[_Request] = deque()
+        self._wake = Flag()  # set when a request is queued
+        self._reading: dict[_Piece, Flag] = {}  # set once its bytes are cached
+        self._promised: dict[_Range, Flag] = {}  # set once cached or given up
         self._fronts: OrderedDict[_Partition, _Front] = OrderedDict()
         self._active = 1
         self._active_counted_at = 0.0
-        self._open_stream: Callable[[str, int], RangeStream] | None = getattr(
+        self._open_stream: Callable[[str, int, int], RangeStream] | None = getattr(
             store, "open_range_stream", None
         )
         self._streams: OrderedDict[str, _Stream] = OrderedDict()  # by object key
         self.stats: dict[str, int] = {
             "requests": 0,
+            "urgent_requests": 0,  # of Fetches that overtook their read-ahead
+            "promised_ranges": 0,  # that such Fetches waited for instead of a GET
             "dropped": 0,
             "objects": 0,
             "ranges": 0,
@@ -154,9 +191,10 @@ class ReadAhead:
         entries: Sequence[ChunkEntry],
         high_watermark: int,
     ) -> None:
-        """A Fetch read `entries` of a partition whose head is further on: ask for the
-        next stretch when the Fetch had to go to the store for them, or when it reached
-        the middle of the stretch read ahead last."""
+        """A Fetch reads `entries` of a partition whose head is further on: ask for the
+        next stretch when the Fetch has to go to the store for them (from the first one
+        missing, and the Fetch waits for it), or when it reached the middle of the
+        stretch read ahead last."""
         if not entries or entries[-1].last_offset + 1 >= high_watermark:
             return
         key = (topic_id, partition)
@@ -168,26 +206,69 @@ class ReadAhead:
         else:
             self._fronts.move_to_end(key)
         front.seen = time.monotonic()
+        missing = [
+            e
+            for e in entries
+            if not self._cache.covers(e.object_key, e.start, e.start + e.length)
+            and self.in_flight(e.object_key, e.start, e.start + e.length) is None
+        ]
         if front.busy:
+            queued = front.request
+            if missing and queued is not None and queued.may_bring(missing[0].base_offset):
+                self._promise(queued, missing)  # the stretch under way may bring them
             return
         last = entries[-1]
-        if last.last_offset >= front.next_offset and not all(
-            self._cache.covers(e.object_key, e.start, e.start + e.length) for e in entries
-        ):
-            # Past what was read ahead, and behind the cache: from the last entry read
-            # (the next Fetch may start in it).
-            self._request(key, front, last.base_offset)
+        if missing and last.last_offset >= front.next_offset:
+            # Past what was read ahead, and behind the cache: from the first entry
+            # missing, and the Fetch waits for it.
+            self._request(key, front, _Request(key, missing[0].base_offset, urgent=True), missing)
         elif 0 <= front.refill_at <= last.last_offset and front.next_offset < high_watermark:
-            self._request(key, front, front.next_offset)
+            self._request(key, front, _Request(key, front.next_offset))
 
-    def _request(self, key: _Partition, front: _Front, from_offset: int) -> None:
-        try:
-            self._send.send_nowait((key, from_offset))
-        except anyio.WouldBlock:
+    def _request(
+        self,
+        key: _Partition,
+        front: _Front,
+        request: _Request,
+        missing: Sequence[ChunkEntry] = (),
+    ) -> None:
+        if len(self._urgent) + len(self._ahead) >= QUEUE:
             self.stats["dropped"] += 1
             return
+        (self._urgent if request.urgent else self._ahead).append(request)
+        self._wake.set()
         front.busy = True
+        front.request = request
         self.stats["requests"] += 1
+        if request.urgent:
+            self.stats["urgent_requests"] += 1
+        self._promise(request, missing)
+
+    def _promise(self, request: _Request, missing: Sequence[ChunkEntry]) -> None:
+        """Fetches wait for these entries' bytes from the request's stretch."""
+        for e in missing:
+            wanted = (e.object_key, e.start, e.start + e.length)
+            if wanted not in self._promised:
+                self._promised[wanted] = Flag()
+                if request.promised is None:
+                    request.promised = []
+                request.promised.append(wanted)
+                self.stats["promised_ranges"] += 1
+
+    def _keep_promises(self, request: _Request, *, ended: bool) -> None:
+        """Release the Fetches waiting for ranges the cache now holds (all of them once
+        the stretch ended: what it did not bring, they read themselves)."""
+        if not request.promised:
+            return
+        kept = []
+        for wanted in request.promised:
+            if ended or self._cache.covers(*wanted):
+                done = self._promised.pop(wanted, None)
+                if done is not None:
+                    done.set()
+            else:
+                kept.append(wanted)
+        request.promised = kept
 
     def _weights(self, topic_id: bytes) -> dict[str, float]:
         """A stretch's GETs are its partition's topic's (broker.costs)."""
@@ -209,27 +290,45 @@ class ReadAhead:
         """The workers; run for the life of the agent in its root task group."""
         async with anyio.create_task_group() as tg:
             for _ in range(WORKERS):
-                tg.start_soon(self._worker, self._receive.clone())
+                tg.start_soon(self._worker)
 
-    async def _worker(self, receive: MemoryObjectReceiveStream[tuple[_Partition, int]]) -> None:
-        async with receive:
-            async for key, from_offset in receive:
-                front = self._fronts.get(key)
-                try:
-                    with charge(partial(self._weights, key[0])):
-                        await self._read_stretch(key, from_offset, front)
-                except Exception as exc:  # best effort: the Fetch reads it itself
-                    self.stats["failures"] += 1
-                    logger.debug("read-ahead of partition %d failed: %s", key[1], exc)
-                finally:
-                    if front is not None:
-                        front.busy = False
+    def _next_request(self) -> _Request:
+        return self._urgent.popleft() if self._urgent else self._ahead.popleft()
 
-    async def _read_stretch(self, key: _Partition, from_offset: int, front: _Front | None) -> None:
+    async def _worker(self) -> None:
+        while True:
+            while not (self._urgent or self._ahead):
+                if self._wake.is_set():
+                    self._wake = Flag()
+                await self._wake.wait()
+            request = self._next_request()
+            key = request.partition
+            front = self._fronts.get(key)
+            try:
+                with charge(partial(self._weights, key[0])):
+                    await self._read_stretch(key, request.from_offset, front, request)
+            except Exception as exc:  # best effort: the Fetch reads it itself
+                self.stats["failures"] += 1
+                logger.debug("read-ahead of partition %d failed: %s", key[1], exc)
+            finally:
+                self._keep_promises(request, ended=True)
+                if front is not None and front.request is request:
+                    front.busy = False
+                    front.request = None
+
+    async def _read_stretch(
+        self,
+        key: _Partition,
+        from_offset: int,
+        front: _Front | None,
+        request: _Request | None = None,
+    ) -> None:
         topic_id, partition = key
         stretch = self.stretch_bytes()
 
-        def plan(tr: ReadTransaction) -> tuple[list[ChunkEntry], dict[str, ObjectRecord]]:
+        def plan(
+            tr: ReadTransaction,
+        ) -> tuple[list[ChunkEntry], dict[str, ObjectRecord], dict[str, int]]:
             entries = read_chunks_cached(
                 tr,
                 self._chunks,
@@ -241,33 +340,41 @@ class ReadAhead:
                 stretch,
             )
             records = {}
+            run_ends = {}
             for object_key in dict.fromkeys(e.object_key for e in entries):
                 record = get_object(tr, self._sub, object_key)
                 if record is not None:
                     records[object_key] = record
-            return entries, records
+                    if record.level == L2 and self._open_stream is not None:
+                        run_end = partition_end_in_object(
+                            tr, self._sub, object_key, topic_id, partition
+                        )
+                        if run_end is not None:
+                            run_ends[object_key] = run_end
+            return entries, records, run_ends
 
-        entries, records = await self._kv.read(plan, quick=True)
+        entries, records, run_ends = await self._kv.read(plan, quick=True)
         if not entries:
             return
+        if request is not None:
+            request.until_offset = entries[-1].last_offset + 1
         if front is not None:
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
-        for piece in _pieces(entries, records, stretch):
+        for piece in _pieces(entries, records, stretch, run_ends):
             if piece in self._reading or (
                 self._cache.covers(piece.object_key, piece.start, piece.end)
                 if piece.start is not None and piece.end is not None
                 else piece.object_key in self._cache
             ):
                 continue
-            self._reading[piece] = anyio.Event()
+            self._reading[piece] = Flag()
             try:
-                record = records.get(piece.object_key)
                 if piece.start is None or piece.end is None:
                     data = await self._store.get(piece.object_key, 0, None)
-                elif record is not None and record.level == L2:
+                elif piece.stream_end is not None:
                     data = await self._read_range(
-                        piece.object_key, piece.start, piece.end, record.size
+                        piece.object_key, piece.start, piece.end, piece.stream_end
                     )
                 else:
                     # One partition's bytes of an object of many: what follows them is
@@ -282,11 +389,16 @@ class ReadAhead:
                 self.stats["bytes"] += len(data)
             finally:
                 self._reading.pop(piece).set()
+            if request is not None:
+                self._keep_promises(request, ended=False)
 
-    def in_flight(self, object_key: str, start: int, end: int) -> anyio.Event | None:
+    def in_flight(self, object_key: str, start: int, end: int) -> Flag | None:
         """The event of a read-ahead GET under way that brings bytes [start, end) of the
-        object into the cache (set once they are there, or the GET failed); None if no
-        GET under way holds them."""
+        object into the cache (set once they are there, or the GET failed), or of a
+        stretch a Fetch waits for (promised); None if no GET under way holds them."""
+        promised = self._promised.get((object_key, start, end))
+        if promised is not None:
+            return promised
         for piece, done in self._reading.items():
             if piece.object_key == object_key and (
                 piece.start is None
@@ -295,10 +407,11 @@ class ReadAhead:
                 return done
         return None
 
-    async def _read_range(self, object_key: str, start: int, end: int, size: int) -> bytes:
-        """Bytes [start, end) of an object of `size` bytes: read on from its open stream
-        when one is at (or a little before) start, else from a new one; a plain ranged
-        GET from a store without streams."""
+    async def _read_range(self, object_key: str, start: int, end: int, stream_end: int) -> bytes:
+        """Bytes [start, end) of an object: read on from its open stream when one is at
+        (or a little before) start, else from a new one that ends at `stream_end` (the
+        partition's run in the object ends there); a plain ranged GET from a store
+        without streams."""
         if self._open_stream is None:
             return await self._store.get(object_key, start, end)
         await self._close_idle()
@@ -314,7 +427,9 @@ class ReadAhead:
                 await _close(held)
                 held = None
         if held is None:
-            opened = await anyio.to_thread.run_sync(self._open_stream, object_key, start)
+            opened = await anyio.to_thread.run_sync(
+                self._open_stream, object_key, start, max(end, stream_end)
+            )
             held = _Stream(object_key, opened, start, 0.0)
             self.stats["streams_opened"] += 1
             try:
@@ -323,8 +438,8 @@ class ReadAhead:
                 await _close(held)
                 raise
         self.stats["streamed_ranges"] += 1
-        if held.position >= size:
-            await _close(held)  # the object is read to its end
+        if held.position >= stream_end:
+            await _close(held)  # the run is read to its end
         else:
             held.used = time.monotonic()
             self._streams[object_key] = held
@@ -374,7 +489,10 @@ def _middle(entries: Sequence[ChunkEntry]) -> int:
 
 
 def _pieces(
-    entries: Sequence[ChunkEntry], records: dict[str, ObjectRecord], stretch: int
+    entries: Sequence[ChunkEntry],
+    records: dict[str, ObjectRecord],
+    stretch: int,
+    run_ends: Mapping[str, int] | None = None,
 ) -> list[_Piece]:
     """The GETs of a stretch, in offset order (see the module's rules)."""
     spans: dict[str, list[int]] = {}
@@ -387,5 +505,9 @@ def _pieces(
         record = records.get(object_key)
         # An object not known is read whole, as before objects had records.
         whole = record is None or record.size <= stretch
-        pieces.append(_Piece(object_key, None, None) if whole else _Piece(object_key, start, end))
+        if whole:
+            pieces.append(_Piece(object_key, None, None))
+        else:
+            run_end = (run_ends or {}).get(object_key)
+            pieces.append(_Piece(object_key, start, end, run_end))
     return pieces

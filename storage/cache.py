@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import anyio
 
@@ -142,6 +143,12 @@ class ObjectCache:
                 self.stats["bytes"] -= len(old)
 
 
+class Done(Protocol):
+    """Set once something is done (a GET under way, here); awaited until then."""
+
+    async def wait(self) -> None: ...
+
+
 class RangeReader:
     """Reads byte ranges of objects: from the cache if possible, else coalesced GETs.
 
@@ -156,7 +163,7 @@ class RangeReader:
         cache: ObjectCache | None = None,
         *,
         max_gap: int = DEFAULT_MAX_GAP,
-        in_flight: Callable[[str, int, int], anyio.Event | None] | None = None,
+        in_flight: Callable[[str, int, int], Done | None] | None = None,
     ) -> None:
         self.store = store
         self.cache = cache

@@ -67,17 +67,67 @@ def test_the_next_stretch_is_asked_for_at_the_middle_of_the_last() -> None:
     # At the head of the partition: nothing to read ahead.
     ahead.note_fetch(b"t", 0, [entry("obj", 0, 100, 90)], high_watermark=100)
     assert ahead.stats["requests"] == 0
-    # Behind, and the bytes were not cached: a request from the last entry read.
+    # Behind, and the bytes were not cached: a request from the first entry missing.
     ahead.note_fetch(b"t", 0, [entry("other", 0, 100, 0)], high_watermark=100)
     assert ahead.stats["requests"] == 1
     front = ahead._fronts[(b"t", 0)]
     ahead.note_fetch(b"t", 0, [entry("other", 0, 100, 0)], high_watermark=100)
     assert ahead.stats["requests"] == 1, "one request at a time per partition"
     # The stretch was read: offsets 0-59, its middle at 30.
-    front.busy, front.next_offset, front.refill_at = False, 60, 30
+    front.busy, front.request, front.next_offset, front.refill_at = False, None, 60, 30
     ahead.note_fetch(b"t", 0, [entry("obj", 0, 100, 10)], high_watermark=100)
     assert ahead.stats["requests"] == 1, "cached and before the middle: nothing asked"
     ahead.note_fetch(b"t", 0, [entry("obj", 100, 100, 30)], high_watermark=100)
     assert ahead.stats["requests"] == 2
-    assert ahead._receive.receive_nowait() == ((b"t", 0), 0)
-    assert ahead._receive.receive_nowait() == ((b"t", 0), 60)
+    assert [(r.partition, r.from_offset) for r in ahead._urgent] == [((b"t", 0), 0)]
+    assert [(r.partition, r.from_offset) for r in ahead._ahead] == [((b"t", 0), 60)]
+
+
+def test_a_fetch_that_overtook_its_read_ahead_waits_for_the_stretch_it_asks_for() -> None:
+    cache = ObjectCache(256 * MiB)
+    ahead = _read_ahead(cache)
+    cache.put_range("obj", 0, b"x" * 100)
+    fetched = [entry("obj", 0, 100, 10), entry("obj", 100, 100, 20), entry("obj", 200, 100, 30)]
+    ahead.note_fetch(b"t", 0, fetched, high_watermark=100)
+    # From the first entry missing; the Fetch's missing ranges are promised to it.
+    (request,) = ahead._urgent
+    assert request.from_offset == 20 and request.urgent
+    assert ahead.in_flight("obj", 0, 100) is None  # cached
+    waits = [ahead.in_flight("obj", start, start + 100) for start in (100, 200)]
+    assert all(w is not None and not w.is_set() for w in waits)
+    assert ahead.stats["promised_ranges"] == 2 and ahead.stats["urgent_requests"] == 1
+    # A piece of the stretch brought the first: that Fetch goes on; the other waits on.
+    cache.put_range("obj", 100, b"y" * 100)
+    ahead._keep_promises(request, ended=False)
+    assert waits[0].is_set() and not waits[1].is_set()
+    assert ahead.in_flight("obj", 100, 200) is None
+    # The stretch ended without the second: released, the Fetch reads it itself.
+    ahead._keep_promises(request, ended=True)
+    assert waits[1].is_set() and not ahead._promised
+
+
+def test_a_fetch_waits_for_a_queued_stretch_only_if_it_may_bring_its_bytes() -> None:
+    ahead = _read_ahead(ObjectCache(256 * MiB))
+    ahead.note_fetch(b"t", 0, [entry("a", 0, 100, 0)], high_watermark=1000)
+    (request,) = ahead._urgent
+    request.until_offset = 50  # planned: offsets 0-49
+    ahead.note_fetch(b"t", 0, [entry("b", 0, 100, 40)], high_watermark=1000)
+    assert ahead.in_flight("b", 0, 100) is not None
+    ahead.note_fetch(b"t", 0, [entry("c", 0, 100, 50)], high_watermark=1000)
+    assert ahead.in_flight("c", 0, 100) is None  # past the stretch: read by the Fetch
+    assert ahead.stats["requests"] == 1
+
+
+def test_a_stretch_a_fetch_waits_for_goes_before_those_asked_for_ahead() -> None:
+    ahead = _read_ahead(ObjectCache(256 * MiB))
+    cache_entry = entry("obj", 0, 100, 0)
+    ahead._cache.put("obj", b"x" * 1000)
+    ahead.note_fetch(b"t", 0, [cache_entry], high_watermark=1000)  # cached: nothing asked
+    front = ahead._fronts[(b"t", 0)]
+    front.next_offset, front.refill_at = 100, 0
+    ahead.note_fetch(b"t", 0, [cache_entry], high_watermark=1000)  # the next stretch
+    ahead.note_fetch(b"t", 1, [entry("missing", 0, 100, 0)], high_watermark=1000)
+    assert [r.partition for r in ahead._ahead] == [(b"t", 0)]
+    assert [r.partition for r in ahead._urgent] == [(b"t", 1)]
+    assert ahead._next_request().partition == (b"t", 1)
+    assert ahead._next_request().partition == (b"t", 0)

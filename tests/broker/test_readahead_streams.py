@@ -8,17 +8,18 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from broker import readahead
 from broker.readahead import ReadAhead
 from metadata import keys
 from metadata.chunk_cache import ChunkCache
-from metadata.compaction import L1
+from metadata.compaction import L1, L2
 from metadata.lifecycle import ObjectRecord, put_object
 from metadata.log import ChunkEntry, put_entry
 from metadata.sqlite_kv import SQLiteKV
-from storage.cache import ObjectCache
+from storage.cache import ObjectCache, RangeReader
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStore
 from tests.storage.conftest import make_s3_store
@@ -132,6 +133,103 @@ async def test_a_partitions_range_of_a_large_object_of_many_is_one_plain_get(
         assert ahead.stats["bytes"] == MiB
         assert ahead.stats["streams_opened"] == 0 and not ahead._streams
         assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
+    finally:
+        await ahead.aclose()
+        kv.close()
+
+
+async def test_a_partitions_run_in_a_level_two_object_of_several_is_one_stream_to_its_end(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A level-2 object may hold the runs of a few partitions one after the other: the
+    stream read-ahead opens for one partition's run ends where that run ends, not at the
+    object's end, and is closed once the run is read."""
+    sub = keys.cluster_subspace("read-ahead-of-level-two")
+    topic = b"t" * 16
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+    quarter = MiB // 4
+    # "big" as a level-2 object: partition p's run at [p MiB, p+1 MiB), in 4 entries.
+    entries = {
+        p: [
+            ChunkEntry("big", p * MiB + i * quarter, quarter, 10 * i, 10 * i + 9, 1, 0)
+            for i in range(4)
+        ]
+        for p in range(6)
+    }
+
+    def write(tr):  # type: ignore[no-untyped-def]
+        put_object(tr, sub, "big", ObjectRecord(SIZE, 24, 0, None, L2))
+        for p, run in entries.items():
+            for e in run:
+                put_entry(tr, sub, topic, p, e)
+
+    kv.transact_sync(write)
+    ahead = ReadAhead(kv, sub, store, ObjectCache(24 * MiB), ChunkCache())
+    ahead._active, ahead._active_counted_at = 4, time.monotonic()  # 2 MiB stretches
+    opened: list[tuple[str, int, int | None]] = []
+    open_stream = ahead._open_stream
+    assert open_stream is not None
+
+    def noting(key: str, start: int, end: int | None = None):  # type: ignore[no-untyped-def]
+        opened.append((key, start, end))
+        return open_stream(key, start, end)
+
+    ahead._open_stream = noting
+    try:
+        before = gets(store)
+        await ahead._read_stretch((topic, 2), 0, None)
+        assert opened == [("big", 2 * MiB, 3 * MiB)]
+        assert gets(store) - before == 1
+        assert ahead.stats["streams_opened"] == 1 and not ahead._streams  # read to its end
+        assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
+    finally:
+        await ahead.aclose()
+        kv.close()
+
+
+async def test_a_fetch_that_overtook_its_read_ahead_waits_for_it_instead_of_a_get(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A Fetch whose bytes are neither cached nor being read asks for a stretch from its
+    first missing entry and waits for it: the stretch's GET is the only one."""
+    sub = keys.cluster_subspace("read-ahead-overtaken")
+    topic = b"t" * 16
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+    quarter = MiB // 4
+    # "big" as a level-1 object: partition p's bytes at [p MiB, p+1 MiB), in 4 entries.
+    entries = {
+        p: [
+            ChunkEntry("big", p * MiB + i * quarter, quarter, 10 * i, 10 * i + 9, 1, 0)
+            for i in range(4)
+        ]
+        for p in range(6)
+    }
+
+    def write(tr):  # type: ignore[no-untyped-def]
+        put_object(tr, sub, "big", ObjectRecord(SIZE, 24, 0, None, L1))
+        for p, run in entries.items():
+            for e in run:
+                put_entry(tr, sub, topic, p, e)
+
+    kv.transact_sync(write)
+    cache = ObjectCache(24 * MiB)
+    ahead = ReadAhead(kv, sub, store, cache, ChunkCache())
+    ahead._active, ahead._active_counted_at = 4, time.monotonic()  # 2 MiB stretches
+    reader = RangeReader(store, cache, in_flight=ahead.in_flight)
+    fetched = entries[2][:2]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ahead.run)
+            before = gets(store)
+            ahead.note_fetch(topic, 2, fetched, high_watermark=1000)
+            got = await reader.read_many(
+                [(e.object_key, e.start, e.start + e.length) for e in fetched]
+            )
+            tg.cancel_scope.cancel()
+        assert [bytes(b) for b in got] == [DATA[e.start : e.start + e.length] for e in fetched]
+        assert gets(store) - before == 1
+        assert reader.stats["gets"] == 0 and reader.stats["waited_reads"] == 1  # then cached
+        assert ahead.stats["urgent_requests"] == 1 and ahead.stats["ranges"] == 1
     finally:
         await ahead.aclose()
         kv.close()
