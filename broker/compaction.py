@@ -221,6 +221,7 @@ class Compaction:
         self._pool = pool
         self._slots = anyio.Semaphore(max(1, settings.max_jobs))
         self._threads = anyio.CapacityLimiter(max(1, settings.max_jobs))
+        self._l2_after: tuple[bytes, int] | None = None  # the partition planned last
         self.stats = CompactionStats()
 
     async def run(self) -> None:
@@ -305,6 +306,7 @@ class Compaction:
                 )
             )
         if plan is None:
+            after = self._l2_after
             plan = await agent.kv.transact(
                 lambda tr: compaction_layer.plan_l2(
                     tr,
@@ -316,8 +318,11 @@ class Compaction:
                     spans,
                     cleaned,
                     max_wait_ms=s.l2_max_wait_ms,
+                    after=after,
                 )
             )
+            if plan is not None and plan.level_one_rows:
+                self._l2_after = plan.level_one_rows[-1][:2]  # the next plan starts after it
         return plan
 
     async def _start_workers(self) -> None:

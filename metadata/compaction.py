@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from metadata import keys
@@ -392,6 +393,7 @@ def plan_l2(
     cleaned_topics: Collection[bytes] = (),
     *,
     max_wait_ms: int,
+    after: tuple[bytes, int] | None = None,
 ) -> Plan | None:
     """Claim a partition whose level-1 entries are due for level 2 (they hold max_bytes,
     come from l2_max_inputs objects, or the oldest of them has waited max_wait_ms), and
@@ -409,9 +411,45 @@ def plan_l2(
 
     `cleaned_topics` (compacted topics) are left to their cleaner, which writes objects of
     one partition itself: their rows go.
+
+    The rows are looked at from the partition `after` on (the last one its caller
+    planned), then from the first: partitions take turns, whatever their number, rather
+    than the first ones in key order taking every job while those after them wait.
     """
-    spans = max_span_ms or {}
     begin, end = sub.range(keys.L1_PARTITION)
+    plan_in = partial(
+        _plan_l2_in,
+        tr,
+        sub,
+        node_id=node_id,
+        now_ms=now_ms,
+        limits=limits,
+        lease_ms=lease_ms,
+        spans=max_span_ms or {},
+        cleaned_topics=cleaned_topics,
+        max_wait_ms=max_wait_ms,
+    )
+    if after is None:
+        return plan_in(begin, end)
+    cursor = sub.key(keys.L1_PARTITION, *after) + b"\x00"
+    return plan_in(cursor, end) or plan_in(begin, cursor)
+
+
+def _plan_l2_in(
+    tr: Transaction,
+    sub: keys.Subspace,
+    begin: bytes,
+    end: bytes,
+    *,
+    node_id: int,
+    now_ms: int,
+    limits: Limits,
+    lease_ms: int,
+    spans: Mapping[bytes, int],
+    cleaned_topics: Collection[bytes],
+    max_wait_ms: int,
+) -> Plan | None:
+    """`plan_l2` over the rows in [begin, end)."""
     rows = tr.get_range(begin, end, limit=SCAN)
     for index, (row_key, value) in enumerate(rows):
         row = _L1Row.unpack(value)

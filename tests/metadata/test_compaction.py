@@ -395,6 +395,35 @@ def test_a_partition_joins_a_level_two_job_only_next_to_it_and_due(kv):
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1)]
 
 
+def test_partitions_take_turns_at_level_two_however_many_there_are(kv, monkeypatch):
+    """A plan looks at the rows after the partition planned last, then from the first:
+    with one partition a job, the first ones never take every job, and rows beyond what
+    one plan reads (SCAN) are reached."""
+    monkeypatch.setattr(compaction, "SCAN", 2)
+    topic = _partitions_in_two_level_one_objects(kv, 4)
+    tid = topic.topic_id
+    planned = []
+    after = None
+    for _ in range(6):
+        plan = kv.transact_sync(
+            lambda tr: compaction.plan_l2(
+                tr,
+                SUB,
+                1,
+                NOW,
+                Limits(max_bytes=400, l2_max_inputs=2),
+                LEASE,
+                max_wait_ms=NEVER,
+                after=after,
+            )
+        )
+        kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+        ((_t, partition, _c),) = plan.level_one_rows
+        planned.append(partition)
+        after = (tid, partition)
+    assert planned == [0, 1, 2, 3, 0, 1]
+
+
 def test_a_level_two_job_is_refused_when_retention_took_an_entry(kv):
     topic = _two_level_one_objects(kv)
     plan = _plan_l2(kv, l2_max_inputs=2)
