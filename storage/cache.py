@@ -153,9 +153,10 @@ class RangeReader:
     """Reads byte ranges of objects: from the cache if possible, else coalesced GETs.
 
     A range that is not cached but that a GET under way will bring into the cache (a
-    read-ahead's: `in_flight` names the event set once it is there) is waited for, up to
-    IN_FLIGHT_WAIT_S, rather than read a second time: a consumer catching up would
-    otherwise overtake its read-ahead and read every stretch twice."""
+    read-ahead's: `in_flight` names the event set once it is there) is waited for rather
+    than read a second time: a consumer catching up would otherwise overtake its
+    read-ahead and read every stretch twice. One call waits IN_FLIGHT_WAIT_S at most in
+    all, however many of its ranges it waits for."""
 
     def __init__(
         self,
@@ -191,6 +192,7 @@ class RangeReader:
         without a copy (the object stays alive as long as the view does)."""
         results: list[bytes | memoryview] = [b""] * len(requests)
         pending: dict[str, list[int]] = {}  # key -> indexes of requests not in the cache
+        waiting: list[tuple[int, Done]] = []  # requests a GET under way will bring
         for index, (key, start, end) in enumerate(requests):
             if start < 0 or end < start:
                 raise ValueError(f"bad range [{start}, {end}) of {key!r}")
@@ -198,16 +200,20 @@ class RangeReader:
             if cached is None and self.cache is not None and self.in_flight is not None:
                 done = self.in_flight(key, start, end)
                 if done is not None:
-                    with anyio.move_on_after(IN_FLIGHT_WAIT_S):
-                        await done.wait()
-                    cached = self.cache.slice(key, start, end)
-                    if cached is not None:
-                        self.stats["waited_reads"] += 1
-            if cached is not None:
-                results[index] = cached
-                self.stats["cache_reads"] += 1
-            elif end > start:
-                pending.setdefault(key, []).append(index)
+                    waiting.append((index, done))
+                    continue
+            self._take(index, requests[index], cached, results, pending)
+        if waiting:
+            with anyio.move_on_after(IN_FLIGHT_WAIT_S):
+                for done in dict.fromkeys(done for _index, done in waiting):
+                    await done.wait()
+            assert self.cache is not None
+            for index, _done in waiting:
+                key, start, end = requests[index]
+                cached = self.cache.slice(key, start, end)
+                if cached is not None:
+                    self.stats["waited_reads"] += 1
+                self._take(index, requests[index], cached, results, pending)
         spans = [
             span for key, indexes in pending.items() for span in self._spans(key, indexes, requests)
         ]
@@ -231,6 +237,22 @@ class RangeReader:
         if errors:
             raise errors[0]
         return results
+
+    def _take(
+        self,
+        index: int,
+        request: tuple[str, int, int],
+        cached: memoryview | None,
+        results: list[bytes | memoryview],
+        pending: dict[str, list[int]],
+    ) -> None:
+        """The request's bytes from the cache, or the request noted for a GET."""
+        key, start, end = request
+        if cached is not None:
+            results[index] = cached
+            self.stats["cache_reads"] += 1
+        elif end > start:
+            pending.setdefault(key, []).append(index)
 
     def _spans(
         self, key: str, indexes: list[int], requests: Sequence[tuple[str, int, int]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import anyio
 import pytest
@@ -250,3 +251,25 @@ async def test_a_get_under_way_that_never_lands_is_waited_for_a_while_only(
         got = await reader.read_many([("obj", 0, 1000)])
     assert bytes(got[0]) == data[:1000]
     assert reader.stats["gets"] == 1 and reader.stats["waited_reads"] == 0
+
+
+async def test_one_read_waits_for_gets_under_way_a_while_in_all_not_each(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Fetch of many partitions may wait for many stretches: however many, its read
+    waits IN_FLIGHT_WAIT_S at most before it reads what did not come itself."""
+    monkeypatch.setattr(cache_module, "IN_FLIGHT_WAIT_S", 0.3)
+    data = os.urandom(MiB)
+    await local_store.put("obj", data)
+    events: dict[tuple[str, int, int], anyio.Event] = {}
+
+    def in_flight(key: str, start: int, end: int) -> anyio.Event:
+        return events.setdefault((key, start, end), anyio.Event())  # never set
+
+    reader = RangeReader(local_store, ObjectCache(64 * MiB), in_flight=in_flight, max_gap=0)
+    ranges = [("obj", i * 100_000, i * 100_000 + 1000) for i in range(8)]
+    started = time.monotonic()
+    got = await reader.read_many(ranges)
+    assert time.monotonic() - started < 0.3 * 3  # not 8 waits of 0.3 s one after another
+    assert [bytes(g) for g in got] == [data[s:e] for _k, s, e in ranges]
+    assert reader.stats["gets"] == 8 and reader.stats["waited_reads"] == 0
