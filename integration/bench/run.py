@@ -578,7 +578,9 @@ def producers_perf(
     }
 
 
-def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+def consumer_perf(
+    bootstrap: str, topic: str, records: int, timeout: float = TOOL_TIMEOUT
+) -> dict[str, float]:
     out = run_tool(
         [
             *kafka_class("org.apache.kafka.tools.ConsumerPerformance"),
@@ -590,7 +592,8 @@ def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
             str(records),
             "--timeout",
             "60000",
-        ]
+        ],
+        timeout,
     )
     lines = [line for line in out.splitlines() if line.strip() and line[0].isdigit()]
     if not lines:
