@@ -50,7 +50,9 @@ or before its bytes. A consumer faster than the store then waits for read-ahead 
 than adding a GET per partition and Fetch.
 
 Best effort and bounded: requests wait in a queue of `QUEUE` (a request that does not
-fit is dropped and counted), `WORKERS` tasks serve them, a partition has at most one
+fit is dropped and counted), `WORKERS` tasks serve them (and `URGENT_WORKERS` more serve
+only stretches Fetches wait for, so that these never wait for a stretch read ahead to
+end), a partition has at most one
 request queued or being read, a range already cached or being read is not read again,
 and a failure is logged and forgotten (the Fetch that needs the bytes then reads them
 itself, after its wait).
@@ -82,6 +84,7 @@ logger = logging.getLogger(__name__)
 
 QUEUE = 64
 WORKERS = 16  # stretches read at once (each waits on the store: a thread and a GET)
+URGENT_WORKERS = 4  # more, for stretches that Fetches wait for only
 STRETCH_MIN = 1024 * 1024
 STRETCH_MAX = 64 * 1024 * 1024
 ENTRIES_PER_READ = 1024  # entries of one stretch (level-2 entries are 256 KiB)
@@ -173,7 +176,9 @@ class ReadAhead:
         self._open_stream: Callable[[str, int, int], RangeStream] | None = getattr(
             store, "open_range_stream", None
         )
-        self._streams: OrderedDict[str, _Stream] = OrderedDict()  # by object key
+        # By object key and where the stream ends: the runs of the partitions of one
+        # level-2 object are read through streams of their own.
+        self._streams: OrderedDict[tuple[str, int], _Stream] = OrderedDict()
         self.stats: dict[str, int] = {
             "requests": 0,
             "urgent_requests": 0,  # of Fetches that overtook their read-ahead
@@ -293,18 +298,25 @@ class ReadAhead:
         """The workers; run for the life of the agent in its root task group."""
         async with anyio.create_task_group() as tg:
             for _ in range(WORKERS):
-                tg.start_soon(self._worker)
+                tg.start_soon(self._worker, False)
+            for _ in range(URGENT_WORKERS):
+                tg.start_soon(self._worker, True)
 
-    def _next_request(self) -> _Request:
-        return self._urgent.popleft() if self._urgent else self._ahead.popleft()
+    def _next_request(self, urgent_only: bool = False) -> _Request | None:
+        if self._urgent:
+            return self._urgent.popleft()
+        if self._ahead and not urgent_only:
+            return self._ahead.popleft()
+        return None
 
-    async def _worker(self) -> None:
+    async def _worker(self, urgent_only: bool) -> None:
         while True:
-            while not (self._urgent or self._ahead):
+            request = self._next_request(urgent_only)
+            if request is None:
                 if self._wake.is_set():
                     self._wake = Flag()
                 await self._wake.wait()
-            request = self._next_request()
+                continue
             key = request.partition
             front = self._fronts.get(key)
             try:
@@ -421,7 +433,7 @@ class ReadAhead:
         if self._open_stream is None:
             return await self._store.get(object_key, start, end)
         await self._close_idle()
-        held = self._streams.pop(object_key, None)
+        held = self._streams.pop((object_key, stream_end), None)
         if held is not None and not 0 <= start - held.position <= STREAM_SKIP:
             await _close(held)
             held = None
@@ -448,7 +460,7 @@ class ReadAhead:
             await _close(held)  # the run is read to its end
         else:
             held.used = time.monotonic()
-            self._streams[object_key] = held
+            self._streams[(object_key, stream_end)] = held
             while len(self._streams) > STREAMS:
                 await _close(self._streams.popitem(last=False)[1])
         return data

@@ -83,13 +83,28 @@ async def test_streams_are_bounded_and_closed_when_idle(
     monkeypatch.setattr(readahead, "STREAMS", 1)
     await ahead._read_range("big", 0, MiB, SIZE)
     await ahead._read_range("other", 0, MiB, SIZE)
-    assert list(ahead._streams) == ["other"]  # the least recently read was closed
+    assert list(ahead._streams) == [("other", SIZE)]  # the least recently read was closed
     before = gets(store)
     await ahead._read_range("big", MiB, 2 * MiB, SIZE)
     assert gets(store) - before == 1  # its stream was gone
     monkeypatch.setattr(readahead, "STREAM_IDLE_SECONDS", 0.0)
     await ahead._read_range("other", MiB, 2 * MiB, SIZE)
     assert gets(store) - before == 2  # closed as idle before this read
+
+
+async def test_the_runs_of_two_partitions_in_one_object_keep_a_stream_each(
+    store: ObjectStore, ahead: ReadAhead
+) -> None:
+    """A level-2 object of two partitions' runs, read by both at once in turns: each run
+    is one GET, not a GET whenever the other partition read last."""
+    half = SIZE // 2
+    before = gets(store)
+    for start in range(0, half, MiB):
+        for run in (0, half):
+            got = await ahead._read_range("big", run + start, run + start + MiB, run + half)
+            assert got == DATA[run + start : run + start + MiB]
+    assert gets(store) - before == 2
+    assert ahead.stats["streams_opened"] == 2 and not ahead._streams
 
 
 async def test_a_store_without_streams_gets_each_range(
