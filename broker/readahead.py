@@ -16,16 +16,14 @@ each may be held at a time: the one being read and the next), between `STRETCH_M
 64 partitions at once reads 1.3 MiB of each per GET with the default 256 MiB cache.
 
 What one GET reads of an object: the whole object when it is no larger than the stretch;
-of a larger one, the partition's bytes of the stretch, as one range. An object of many
-partitions (an ingest file) up to a sixteenth of the cache is read whole too when the
-partitions read ahead lately, each wanting as much of it as this one, would want half
-of it or more: a consumer of 64 partitions catching up through S3's ingest files (7 MB,
-about 110 KB of each partition) then reads each file with one GET for all of them,
-where a GET per partition and file made 64. Larger objects of many partitions (level-1
-objects) are read a partition's range at a time: read whole for all of their partitions
-while they fit a third of the cache, a 64-partition catch-up on S3 pushed them out of
-it before most partitions had read their part (read-ahead read twice the bytes
-consumed, and most Fetches read again for themselves).
+of a larger one, the partition's bytes of the stretch, as one range. That holds for
+objects of many partitions too (ingest files, level-1 objects): reading one whole for
+all of its partitions pays only if they all read it while it is cached, and a
+consumer's partitions are seldom at the same point of their logs (each left level 2 at
+its own offset). A 64-partition catch-up on S3 that read such objects whole while they
+fit in a third of the cache pushed them out of it before most partitions had read
+their part: read-ahead read twice the bytes consumed, and most Fetches read again for
+themselves.
 
 A larger level-2 object is read in ranges through one open GET (an object store's
 `open_range_stream`, where it has one) that ends where the partition's run in the object
@@ -93,7 +91,6 @@ FRONTS = 4096  # partitions whose read-ahead front is remembered
 STREAMS = 128
 STREAM_IDLE_SECONDS = 20.0
 STREAM_SKIP = 1024 * 1024  # bytes read and dropped to reach a range further on
-SHARED_FRACTION = 16  # an object of many partitions up to cache / this may be read whole
 
 _Partition = tuple[bytes, int]  # topic id, partition
 
@@ -376,10 +373,7 @@ class ReadAhead:
         if front is not None:
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
-        shared_max = self._cache.max_bytes // SHARED_FRACTION
-        for piece in _pieces(
-            entries, records, stretch, run_ends, shared_max=shared_max, readers=self._active
-        ):
+        for piece in _pieces(entries, records, stretch, run_ends):
             if piece in self._reading or (
                 self._cache.covers(piece.object_key, piece.start, piece.end)
                 if piece.start is not None and piece.end is not None
@@ -511,13 +505,8 @@ def _pieces(
     records: dict[str, ObjectRecord],
     stretch: int,
     run_ends: Mapping[str, int] | None = None,
-    *,
-    shared_max: int = 0,
-    readers: int = 1,
 ) -> list[_Piece]:
-    """The GETs of a stretch, in offset order (see the module's rules): `readers`
-    partitions are read ahead lately, and an object up to `shared_max` bytes that they
-    would want half of is read whole."""
+    """The GETs of a stretch, in offset order (see the module's rules)."""
     spans: dict[str, list[int]] = {}
     for e in entries:
         span = spans.setdefault(e.object_key, [e.start, e.start + e.length])
@@ -527,11 +516,7 @@ def _pieces(
     for object_key, (start, end) in spans.items():
         record = records.get(object_key)
         # An object not known is read whole, as before objects had records.
-        whole = (
-            record is None
-            or record.size <= stretch
-            or (record.size <= shared_max and 2 * (end - start) * readers >= record.size)
-        )
+        whole = record is None or record.size <= stretch
         if whole:
             pieces.append(_Piece(object_key, None, None))
         else:

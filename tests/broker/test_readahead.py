@@ -45,21 +45,6 @@ def test_what_one_get_reads_of_each_object() -> None:
     ]
 
 
-def test_a_small_object_of_many_partitions_read_ahead_for_many_is_read_whole() -> None:
-    """An ingest file of 64 partitions, 7 MiB, 112 KiB of this partition: read whole
-    when 64 partitions are read ahead (one GET for all of them), a range when 4 are."""
-    ingest = {"ingest": record(7 * MiB, 0)}
-    piece = [entry("ingest", 3 * 112 * 1024, 112 * 1024, 0)]
-    shared = {"shared_max": 16 * MiB, "stretch": MiB + MiB // 3}
-    assert _pieces(piece, ingest, readers=64, **shared) == [_Piece("ingest", None, None)]
-    assert _pieces(piece, ingest, readers=4, **shared) == [
-        _Piece("ingest", 3 * 112 * 1024, 4 * 112 * 1024)
-    ]
-    # Larger than the cap (a level-1 object of 64 MiB): a range, however many read it.
-    level1 = {"ingest": record(64 * MiB, L1)}
-    assert _pieces(piece, level1, readers=64, **shared)[0].start is not None
-
-
 def _read_ahead(cache: ObjectCache) -> ReadAhead:
     return ReadAhead(None, None, None, cache, None)  # type: ignore[arg-type]
 
