@@ -402,25 +402,21 @@ def test_partitions_take_turns_at_level_two_however_many_there_are(kv, monkeypat
     monkeypatch.setattr(compaction, "SCAN", 2)
     topic = _partitions_in_two_level_one_objects(kv, 4)
     tid = topic.topic_id
-    planned = []
-    after = None
-    for _ in range(6):
+    limits = Limits(max_bytes=400, l2_max_inputs=2)  # one partition a job
+
+    def plan_after(after: tuple[bytes, int] | None) -> int:
         plan = kv.transact_sync(
             lambda tr: compaction.plan_l2(
-                tr,
-                SUB,
-                1,
-                NOW,
-                Limits(max_bytes=400, l2_max_inputs=2),
-                LEASE,
-                max_wait_ms=NEVER,
-                after=after,
+                tr, SUB, 1, NOW, limits, LEASE, max_wait_ms=NEVER, after=after
             )
         )
         kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
         ((_t, partition, _c),) = plan.level_one_rows
-        planned.append(partition)
-        after = (tid, partition)
+        return partition
+
+    planned = [plan_after(None)]
+    for _ in range(5):
+        planned.append(plan_after((tid, planned[-1])))
     assert planned == [0, 1, 2, 3, 0, 1]
 
 
