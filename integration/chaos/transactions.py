@@ -59,6 +59,7 @@ import random
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -752,7 +753,9 @@ class Pool:
     def alive(self) -> bool:
         return any(client.is_alive() for client in self.live)
 
-    def replace_hung(self) -> None:
+    def replace_hung(self) -> int:
+        """Give up the clients hung in a call and start their replacements; how many."""
+        replaced = 0
         for i, client in enumerate(self.live):
             if client.is_alive() and client.hung(HUNG_CALL_S):
                 client.give_up()
@@ -760,22 +763,45 @@ class Pool:
                 base = client.client_name.split(".")[0]
                 self.live[i] = client.replacement(f"{base}.r{len(self.given_up)}")
                 self.live[i].start()
+                replaced += 1
+        return replaced
+
+    def suspect_until(self) -> float | None:
+        """When the longest call that already outlasted its own timeout counts as hung
+        (`replace_hung`); None if no call did."""
+        now = time.monotonic()
+        starts = [
+            call[1]
+            for client in self.live
+            if client.is_alive()
+            and (call := client.in_call) is not None
+            and now - call[1] > API_TIMEOUT_S
+        ]
+        return min(starts) + HUNG_CALL_S if starts else None
 
     def stop(self, kind: str) -> list[str]:
-        """Stop them; the problems."""
+        """Stop them; the problems. A client hung in a call is given up (and reported
+        as hung) rather than waited for; one that does not stop is reported with the
+        line it is on."""
         problems = []
         for client in self.live:
             client.stop()
         for client in self.live:
-            client.join(HUNG_S)
-            if client.is_alive():
-                problems.append(f"{kind} {client.client_name} did not stop")
+            deadline = time.monotonic() + HUNG_S
+            while client.is_alive() and time.monotonic() < deadline:
+                if client.hung(HUNG_CALL_S):
+                    client.give_up()
+                    self.given_up.append(client)
+                    break
+                client.join(0.5)
+            if client.is_alive() and not client.given_up.is_set():
+                problems.append(f"{kind} {client.client_name} did not stop: {where(client)}")
             if client.failure:
                 problems.append(f"{kind} {client.client_name}: {client.failure}")
         return problems
 
     def all(self) -> list[Any]:
-        return [*self.given_up, *self.live]
+        return [*self.given_up, *(c for c in self.live if c not in self.given_up)]
 
     def hangs(self) -> list[str]:
         return [f"{client.client_name} in {client.hung_in}" for client in self.given_up]
@@ -940,6 +966,46 @@ def open_transactions(bootstrap: str, topic: str, partitions: int) -> list[dict[
         entry["transactional_id"] = tid
         entry["transaction"] = states.get(tid) if tid else None
     return open_on
+
+
+def where(thread: threading.Thread) -> str:
+    """The innermost lines a thread is on (the client calls it is stuck in)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "?"
+    stack = traceback.extract_stack(frame)[-3:]
+    return " < ".join(
+        f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(stack)
+    )
+
+
+def catch_up(
+    transformers: Pool,
+    bootstrap: str,
+    group: str,
+    topic: str,
+    target: dict[int, int],
+    args: argparse.Namespace,
+) -> float | None:
+    """Seconds until the group committed past `target` (every input record); None if it
+    did not within `--read-timeout-s`. A transformer in a call that already outlasted its
+    own timeout is waited for until it counts as hung, and its replacement gets the
+    whole `--read-timeout-s` again."""
+    began = time.monotonic()
+    deadline = began + args.read_timeout_s
+    cap = began + 3 * args.read_timeout_s + HUNG_CALL_S
+    while True:
+        if transformers.replace_hung():
+            deadline = time.monotonic() + args.read_timeout_s
+        offsets = committed_offsets(bootstrap, group, topic, len(target))
+        if all(offsets.get(p, 0) >= offset for p, offset in target.items()):
+            return time.monotonic() - began
+        suspect = transformers.suspect_until()
+        if suspect is not None:
+            deadline = max(deadline, suspect + 1)
+        if time.monotonic() >= min(deadline, cap):
+            return None
+        time.sleep(0.5)
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
@@ -1183,15 +1249,8 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
         target[read.partition] = max(target[read.partition], read.offset + 1)
     catch_up_s = None
     if transformers.live:
-        began_catch_up = time.monotonic()
-        while time.monotonic() - began_catch_up < args.read_timeout_s:
-            transformers.replace_hung()
-            offsets = committed_offsets(agents.bootstrap, group, topic, args.partitions)
-            if all(offsets.get(p, 0) >= offset for p, offset in target.items()):
-                catch_up_s = time.monotonic() - began_catch_up
-                break
-            time.sleep(0.5)
-        else:
+        catch_up_s = catch_up(transformers, agents.bootstrap, group, topic, target, args)
+        if catch_up_s is None:
             problems.append(f"the transformers did not catch up in {args.read_timeout_s:g} s")
     problems += transformers.stop("transformer")
     # A hang librdkafka is known for (#5511, #5456) is reported; any other is a problem.

@@ -10,7 +10,9 @@ test-only fault point) is reported."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import threading
 from collections import Counter
 
 import pytest
@@ -109,3 +111,57 @@ def test_the_run_reports_a_fatal_error_no_kafka_broker_would_give(tmp_path):
     assert set(found) == {"clients.unexpected_errors"}, found
     for line in report["clients"]["unexpected_errors"]:
         assert "INVALID_TXN_STATE" in line
+
+
+class _Blocking(transactions.TransactionalClient):
+    """A client whose one call blocks until released (librdkafka#5511's hang, say)."""
+
+    def __init__(self, name: str, release) -> None:
+        super().__init__(name, "tid", None, transactions.Tally(), None)  # type: ignore[arg-type]
+        self.release = release
+
+    def work(self) -> None:
+        with self.calling("send_offsets_to_transaction"):
+            self.release.wait(30)
+
+    def replacement(self, name: str) -> _Blocking:
+        return _Blocking(name, self.release)
+
+
+def test_a_client_hung_in_a_call_at_stop_is_given_up_with_its_call_named(monkeypatch):
+    monkeypatch.setattr(transactions, "HUNG_CALL_S", 0.3)
+    release = threading.Event()
+    pool = transactions.Pool([_Blocking("t0", release)])
+    pool.start()
+    try:
+        problems = pool.stop("transformer")
+        assert problems == []
+        assert pool.hangs() == ["t0 in send_offsets_to_transaction"]
+        assert [c.client_name for c in pool.all()] == ["t0"]
+    finally:
+        release.set()
+
+
+def test_the_catch_up_waits_for_a_call_past_its_timeout_to_count_as_hung(monkeypatch):
+    monkeypatch.setattr(transactions, "API_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(transactions, "HUNG_CALL_S", 1.5)
+    release = threading.Event()
+    pool = transactions.Pool([_Blocking("t0", release)])
+    committed = {"offset": 0}
+
+    def offsets(_bootstrap, _group, _topic, _partitions):
+        # Only a replacement of the hung transformer makes progress.
+        if len(pool.given_up) >= 1:
+            committed["offset"] = 5
+        return {0: committed["offset"]}
+
+    monkeypatch.setattr(transactions, "committed_offsets", offsets)
+    pool.start()
+    try:
+        args = argparse.Namespace(read_timeout_s=0.5)
+        took = transactions.catch_up(pool, "b", "g", "topic", {0: 5}, args)
+        # Without waiting for the suspect call, the catch-up gives up after 0.5 s.
+        assert took is not None and took >= 1.0
+        assert pool.hangs() == ["t0 in send_offsets_to_transaction"]
+    finally:
+        release.set()
