@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -175,6 +176,9 @@ class RangeReader:
             "bytes_got": 0,
             "cache_reads": 0,
             "waited_reads": 0,  # ranges found in the cache after waiting for a GET under way
+            "waits": 0,  # calls that waited for GETs under way
+            "wait_ms": 0,  # how long, in all
+            "wait_timeouts": 0,  # of them, those that waited IN_FLIGHT_WAIT_S and gave up
         }
 
     @property
@@ -204,9 +208,14 @@ class RangeReader:
                     continue
             self._take(index, requests[index], cached, results, pending)
         if waiting:
-            with anyio.move_on_after(IN_FLIGHT_WAIT_S):
+            began = time.monotonic()
+            with anyio.move_on_after(IN_FLIGHT_WAIT_S) as scope:
                 for done in dict.fromkeys(done for _index, done in waiting):
                     await done.wait()
+            self.stats["waits"] += 1
+            self.stats["wait_ms"] += round((time.monotonic() - began) * 1000)
+            if scope.cancelled_caught:
+                self.stats["wait_timeouts"] += 1
             assert self.cache is not None
             for index, _done in waiting:
                 key, start, end = requests[index]

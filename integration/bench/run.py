@@ -801,7 +801,8 @@ def measure(
         result["read_path"] = {
             key: delta.get(key, 0)
             for key in sorted(delta)
-            if key == "reader.gets" or key.startswith("read_ahead.")
+            if key in ("reader.gets", "reader.waits", "reader.wait_ms", "reader.wait_timeouts")
+            or key.startswith("read_ahead.")
         }
     return result
 

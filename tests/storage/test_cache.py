@@ -222,6 +222,7 @@ async def test_a_range_a_get_under_way_brings_is_waited_for(
     # One GET of the read-ahead, one of the reader for the range it does not cover.
     assert local_store.stats["gets"] == 2
     assert reader.stats["gets"] == 1 and reader.stats["waited_reads"] == 1
+    assert reader.stats["waits"] == 1 and reader.stats["wait_timeouts"] == 0
 
 
 async def test_without_the_hook_the_same_read_gets_it_again(
@@ -273,3 +274,6 @@ async def test_one_read_waits_for_gets_under_way_a_while_in_all_not_each(
     assert time.monotonic() - started < 0.3 * 3  # not 8 waits of 0.3 s one after another
     assert [bytes(g) for g in got] == [data[s:e] for _k, s, e in ranges]
     assert reader.stats["gets"] == 8 and reader.stats["waited_reads"] == 0
+    # Counted as one wait that gave up, about IN_FLIGHT_WAIT_S long.
+    assert reader.stats["waits"] == 1 and reader.stats["wait_timeouts"] == 1
+    assert 250 <= reader.stats["wait_ms"] < 900
