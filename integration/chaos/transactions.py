@@ -758,13 +758,16 @@ class Pool:
         replaced = 0
         for i, client in enumerate(self.live):
             if client.is_alive() and client.hung(HUNG_CALL_S):
-                client.give_up()
-                self.given_up.append(client)
+                self._give_up(client)
                 base = client.client_name.split(".")[0]
                 self.live[i] = client.replacement(f"{base}.r{len(self.given_up)}")
                 self.live[i].start()
                 replaced += 1
         return replaced
+
+    def _give_up(self, client: TransactionalClient) -> None:
+        client.give_up()
+        self.given_up.append(client)
 
     def suspect_until(self) -> float | None:
         """When the longest call that already outlasted its own timeout counts as hung
@@ -790,18 +793,18 @@ class Pool:
             deadline = time.monotonic() + HUNG_S
             while client.is_alive() and time.monotonic() < deadline:
                 if client.hung(HUNG_CALL_S):
-                    client.give_up()
-                    self.given_up.append(client)
+                    self._give_up(client)
                     break
                 client.join(0.5)
             if client.is_alive() and not client.given_up.is_set():
                 problems.append(f"{kind} {client.client_name} did not stop: {where(client)}")
             if client.failure:
                 problems.append(f"{kind} {client.client_name}: {client.failure}")
+        self.live = [client for client in self.live if not client.given_up.is_set()]
         return problems
 
     def all(self) -> list[Any]:
-        return [*self.given_up, *(c for c in self.live if c not in self.given_up)]
+        return [*self.given_up, *self.live]
 
     def hangs(self) -> list[str]:
         return [f"{client.client_name} in {client.hung_in}" for client in self.given_up]
@@ -1248,7 +1251,7 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
     for read in committed_in:
         target[read.partition] = max(target[read.partition], read.offset + 1)
     catch_up_s = None
-    if transformers.live:
+    if args.transformers:
         catch_up_s = catch_up(transformers, agents.bootstrap, group, topic, target, args)
         if catch_up_s is None:
             problems.append(f"the transformers did not catch up in {args.read_timeout_s:g} s")
@@ -1270,7 +1273,7 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
     report_out: dict[str, Any] | None = None
     processing: dict[str, Any] | None = None
     anomalies: dict[str, Any] = {"input": result_in.anomalies()}
-    if transformers.live:
+    if args.transformers:
         ends_out, _s = wait_settled(agents.bootstrap, out_topic, args.partitions, settle_timeout)
         committed_out, complete_co = read_topic(
             agents.bootstrap, out_topic, args.partitions, "read_committed", args.read_timeout_s
