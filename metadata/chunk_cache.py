@@ -17,6 +17,9 @@ Rules:
   `high_watermark` at most `max_age_s` ago (the same offsets and bytes, perhaps in the
   objects they were in then), or None when the entries it holds cannot tell;
   `read_chunks_cached` reads the store then and keeps what it read.
+- A miss reads `WIDER` times the byte budget asked for (within the same entry limit)
+  and keeps it all, returning only what the budget takes: a consumer reading forward
+  asks next for the entries after those it got, and finds them held.
 - Per partition one run of contiguous entries is kept (consumers read forward, so a new
   run replaces one it does not extend), at most `ENTRIES` entries of it, for the
   `PARTITIONS` partitions used last. A run is as old as its oldest entry.
@@ -38,6 +41,7 @@ from metadata.log import ChunkEntry, read_chunks
 PARTITIONS = 4096
 ENTRIES = 64
 MAX_AGE_S = 30.0  # half the default delete delay
+WIDER = 4
 
 
 def _last_offset(entry: ChunkEntry) -> int:
@@ -181,6 +185,18 @@ def read_chunks_cached(
     found = cache.lookup(topic_id, partition, from_offset, limit, max_bytes, high_watermark)
     if found is not None:
         return found
-    entries = read_chunks(tr, sub, topic_id, partition, from_offset, limit, max_bytes=max_bytes)
+    wider = max_bytes * WIDER if max_bytes else max_bytes
+    entries = read_chunks(tr, sub, topic_id, partition, from_offset, limit, max_bytes=wider)
     cache.add(topic_id, partition, entries)
+    return _within(entries, max_bytes)
+
+
+def _within(entries: list[ChunkEntry], max_bytes: int) -> list[ChunkEntry]:
+    """What `read_chunks` with max_bytes returns, out of what it returned with more: the
+    entries up to the one with which those after the first hold max_bytes."""
+    after_first = 0
+    for i in range(1, len(entries)):
+        after_first += entries[i].length
+        if after_first >= max_bytes:
+            return entries[: i + 1]
     return entries

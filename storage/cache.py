@@ -226,8 +226,9 @@ class RangeReader:
         spans = [
             span for key, indexes in pending.items() for span in self._spans(key, indexes, requests)
         ]
-        if len(spans) == 1:
-            await self._fetch(spans[0], requests, results)
+        if len(spans) <= 1:  # no task group for one GET, or none (all cached)
+            if spans:
+                await self._fetch(spans[0], requests, results)
             return results
 
         errors: list[ObjectStoreError] = []

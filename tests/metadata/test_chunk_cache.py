@@ -97,6 +97,22 @@ def test_a_consumer_reading_forward_is_answered_from_memory(kv, topic):
     assert cache.stats["hits"] >= fetches - 1
 
 
+def test_a_miss_reads_past_the_budget_for_the_fetches_after_it(kv, topic):
+    """Without read-ahead (a consumer of data still in the object cache): each Fetch
+    takes about a budget's worth of entries, and most of those after it are held."""
+    append(kv, topic, random.Random(4), 120)
+    cache = ChunkCache()
+    hw = kv.read_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0)).high_watermark
+    offset, fetches = 0, 0
+    while offset < hw:
+        cached, direct, _hw = both(kv, cache, topic, offset, 16, 1000)
+        assert cached == direct
+        fetches += 1
+        offset = cached[-1].last_offset + 1
+    assert fetches > 12
+    assert cache.stats["misses"] <= fetches // 2, cache.stats
+
+
 def test_entries_held_are_served_without_reading_the_index(kv, topic):
     append(kv, topic, random.Random(2), 5)
     cache = ChunkCache()
