@@ -17,9 +17,9 @@ Rules:
   `high_watermark` at most `max_age_s` ago (the same offsets and bytes, perhaps in the
   objects they were in then), or None when the entries it holds cannot tell;
   `read_chunks_cached` reads the store then and keeps what it read.
-- A miss reads `WIDER` times the byte budget asked for (within the same entry limit)
-  and keeps it all, returning only what the budget takes: a consumer reading forward
-  asks next for the entries after those it got, and finds them held.
+- A miss may read `wider` times the byte budget asked for (within the same entry
+  limit) and keep it all, returning only what the budget takes: a consumer reading
+  forward asks next for the entries after those it got, and finds them held.
 - Per partition one run of contiguous entries is kept (consumers read forward, so a new
   run replaces one it does not extend), at most `ENTRIES` entries of it, for the
   `PARTITIONS` partitions used last. A run is as old as its oldest entry.
@@ -41,7 +41,6 @@ from metadata.log import ChunkEntry, read_chunks
 PARTITIONS = 4096
 ENTRIES = 64
 MAX_AGE_S = 30.0  # half the default delete delay
-WIDER = 4
 
 
 def _last_offset(entry: ChunkEntry) -> int:
@@ -180,15 +179,18 @@ def read_chunks_cached(
     limit: int,
     max_bytes: int,
     high_watermark: int | None = None,
+    *,
+    wider: int = 1,
 ) -> list[ChunkEntry]:
-    """`log.read_chunks` through the cache; `high_watermark` is the one tr saw, if known."""
+    """`log.read_chunks` through the cache; `high_watermark` is the one tr saw, if known.
+    A miss reads `wider` times max_bytes (within limit) into the cache."""
     found = cache.lookup(topic_id, partition, from_offset, limit, max_bytes, high_watermark)
     if found is not None:
         return found
-    wider = max_bytes * WIDER if max_bytes else max_bytes
-    entries = read_chunks(tr, sub, topic_id, partition, from_offset, limit, max_bytes=wider)
+    budget = max_bytes * max(1, wider)
+    entries = read_chunks(tr, sub, topic_id, partition, from_offset, limit, max_bytes=budget)
     cache.add(topic_id, partition, entries)
-    return _within(entries, max_bytes)
+    return _within(entries, max_bytes) if budget != max_bytes else entries
 
 
 def _within(entries: list[ChunkEntry], max_bytes: int) -> list[ChunkEntry]:

@@ -55,6 +55,9 @@ from storage.objectstore import ObjectNotFoundError
 API_KEY = 1
 READ_COMMITTED = 1
 ENTRIES_PER_READ = 16
+# A chunk-index miss reads this many budgets ahead (within ENTRIES_PER_READ) into the
+# chunk cache: a consumer's next Fetch starts where this one ends, and finds them held.
+INDEX_READ_AHEAD = 4
 # A read of this many partitions or fewer is a handful of point reads and short ranges:
 # the metadata store may run it without a thread switch. read_committed also lists the
 # aborted transactions, which is not bounded; such a read stays quick while each partition
@@ -189,6 +192,7 @@ def _read_states(
                     ENTRIES_PER_READ,
                     p.partition_max_bytes,
                     state.high_watermark,
+                    wider=INDEX_READ_AHEAD,
                 )
                 if read_committed:
                     found = txns.aborted_between(

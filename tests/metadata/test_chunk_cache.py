@@ -46,14 +46,14 @@ def append(kv, topic, rng: random.Random, entries: int, partition: int = 0) -> N
         kv.transact_sync(lambda tr, k=key, b=pending: log.commit_ingest(tr, SUB, k, 10_000, 5, [b]))
 
 
-def both(kv, cache, topic, from_offset, limit, max_bytes, with_watermark=True):
+def both(kv, cache, topic, from_offset, limit, max_bytes, with_watermark=True, wider=1):
     """(through the cache, straight from the index), in one transaction."""
 
     def txn(tr):
         state = log.get_partition(tr, SUB, topic.topic_id, 0)
         hw = state.high_watermark if with_watermark else None
         cached = read_chunks_cached(
-            tr, cache, SUB, topic.topic_id, 0, from_offset, limit, max_bytes, hw
+            tr, cache, SUB, topic.topic_id, 0, from_offset, limit, max_bytes, hw, wider=wider
         )
         direct = log.read_chunks(tr, SUB, topic.topic_id, 0, from_offset, limit, max_bytes)
         return cached, direct, state.high_watermark
@@ -72,7 +72,14 @@ def test_answers_match_the_index_while_it_grows(kv, topic):
             limit = rng.choice([0, 1, 4, 16])
             max_bytes = rng.choice([0, 1, 150, 600, 2000, 1 << 20])
             cached, direct, _hw = both(
-                kv, cache, topic, from_offset, limit, max_bytes, rng.random() < 0.8
+                kv,
+                cache,
+                topic,
+                from_offset,
+                limit,
+                max_bytes,
+                rng.random() < 0.8,
+                wider=rng.choice([1, 4]),
             )
             assert cached == direct, (from_offset, limit, max_bytes)
     assert cache.stats["hits"] > 100  # the answers compared did come from memory
@@ -105,7 +112,7 @@ def test_a_miss_reads_past_the_budget_for_the_fetches_after_it(kv, topic):
     hw = kv.read_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0)).high_watermark
     offset, fetches = 0, 0
     while offset < hw:
-        cached, direct, _hw = both(kv, cache, topic, offset, 16, 1000)
+        cached, direct, _hw = both(kv, cache, topic, offset, 16, 1000, wider=4)
         assert cached == direct
         fetches += 1
         offset = cached[-1].last_offset + 1
