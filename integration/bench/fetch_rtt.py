@@ -141,7 +141,9 @@ def raw_loop(system: bench.System, records: int) -> dict[str, float]:
 
 def consumer_perf(system: bench.System, records: int) -> dict[str, float]:
     mb = records * bench.RECORD_SIZE / 1e6
-    result = bench.measure(system, mb, lambda: bench.consumer_perf(system.bootstrap, TOPIC, records))
+    result = bench.measure(
+        system, mb, lambda: bench.consumer_perf(system.bootstrap, TOPIC, records)
+    )
     return {"mb_s": result["mb_s"], "broker_cpu_s_per_gb": result["broker_cpu_s_per_gb"]}
 
 
