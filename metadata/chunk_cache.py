@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from metadata import keys
 from metadata.kv import ReadTransaction
-from metadata.log import ChunkEntry, read_chunks
+from metadata.log import ChunkEntry, read_chunks, within_budget
 
 PARTITIONS = 4096
 ENTRIES = 64
@@ -190,15 +190,5 @@ def read_chunks_cached(
     budget = max_bytes * max(1, wider)
     entries = read_chunks(tr, sub, topic_id, partition, from_offset, limit, max_bytes=budget)
     cache.add(topic_id, partition, entries)
-    return _within(entries, max_bytes) if budget != max_bytes else entries
-
-
-def _within(entries: list[ChunkEntry], max_bytes: int) -> list[ChunkEntry]:
-    """What `read_chunks` with max_bytes returns, out of what it returned with more: the
-    entries up to the one with which those after the first hold max_bytes."""
-    after_first = 0
-    for i in range(1, len(entries)):
-        after_first += entries[i].length
-        if after_first >= max_bytes:
-            return entries[: i + 1]
-    return entries
+    # What read_chunks with max_bytes itself would have answered: the same rule.
+    return within_budget(entries, max_bytes) if budget != max_bytes else entries

@@ -17,7 +17,7 @@ Offsets never move backwards: the watermark only grows, and it is read from the 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -237,10 +237,16 @@ def read_chunks(
     rows = tr.get_range(begin, end, limit=limit)
     if max_bytes is None:
         return [decode_entry(sub, k, v) for k, v in rows]
+    return within_budget((decode_entry(sub, k, v) for k, v in rows), max_bytes)
+
+
+def within_budget(entries: Iterable[ChunkEntry], max_bytes: int) -> list[ChunkEntry]:
+    """The entries up to the one with which those after the first hold max_bytes or more
+    (the first may start before the offset asked for, so it does not count): a reader
+    with that budget could not use any further entry. Takes from `entries` lazily."""
     out: list[ChunkEntry] = []
     after_first = 0
-    for k, v in rows:
-        entry = decode_entry(sub, k, v)
+    for entry in entries:
         out.append(entry)
         if len(out) > 1:
             after_first += entry.length

@@ -31,7 +31,6 @@ import importlib
 import json
 import socket
 import statistics
-import struct
 import sys
 import time
 from pathlib import Path
@@ -43,12 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import run as bench  # noqa: E402
 
 from protocol.codec import decode_response, encode_request  # noqa: E402
+from protocol.records import HEADER_SIZE, RecordBatchView  # noqa: E402
 
 TOPIC = "one-partition"
 PARTITION_MAX_BYTES = 1 << 20
 FETCH = importlib.import_module("kio.schema.fetch.v12.request")
-_HEAD = struct.Struct(">qi")  # a batch's base offset and length
-LAST_OFFSET_DELTA_AT = 23  # in a batch, from its first byte
 
 
 def fetch_request(offset: int) -> Any:
@@ -74,18 +72,6 @@ def fetch_request(offset: int) -> Any:
     )
 
 
-def receive_exactly(sock: socket.socket, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if not n:
-            raise EOFError("the broker closed the connection")
-        got += n
-    return buffer
-
-
 def next_offset(frame: bytearray, offset: int) -> tuple[int, int]:
     """The offset after the answer's last whole batch, and the bytes of its records (a
     partial batch at the end, as Kafka may send, is not counted)."""
@@ -95,13 +81,13 @@ def next_offset(frame: bytearray, offset: int) -> tuple[int, int]:
         raise RuntimeError(f"Fetch at {offset} answered {partition.error_code}")
     data = bytes(partition.records or b"")
     position = 0
-    while position + 61 <= len(data):
-        base, length = _HEAD.unpack_from(data, position)
-        if position + 12 + length > len(data):
+    # Not iter_batches: it refuses the partial batch Kafka may end an answer with.
+    while position + HEADER_SIZE <= len(data):
+        batch = RecordBatchView(data, position)
+        if position + batch.size > len(data):
             break
-        (delta,) = struct.unpack_from(">i", data, position + LAST_OFFSET_DELTA_AT)
-        offset = base + delta + 1
-        position += 12 + length
+        offset = batch.base_offset + batch.last_offset_delta + 1
+        position += batch.size
     return offset, position
 
 
@@ -119,8 +105,7 @@ def raw_loop(system: bench.System, records: int) -> dict[str, float]:
             )
             began = time.perf_counter()
             sock.sendall(frame)
-            (size,) = struct.unpack(">i", receive_exactly(sock, 4))
-            answer = receive_exactly(sock, size)
+            answer = bench.receive_frame(sock)
             rtts.append(time.perf_counter() - began)
             after, used = next_offset(answer, offset)
             if after == offset:

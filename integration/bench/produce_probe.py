@@ -20,7 +20,6 @@ import argparse
 import importlib
 import json
 import socket
-import struct
 import sys
 import threading
 import time
@@ -71,8 +70,7 @@ class Probe:
                 )
                 began = time.perf_counter()
                 sock.sendall(frame)
-                (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
-                sock.recv(size, socket.MSG_WAITALL)
+                bench.receive_frame(sock)
                 self.samples.append((time.monotonic(), (time.perf_counter() - began) * 1000))
                 time.sleep(PROBE_EVERY_S)
 

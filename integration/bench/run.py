@@ -33,6 +33,7 @@ import resource
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -392,6 +393,24 @@ def clients_on(cpus: set[int]) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def receive_frame(sock: socket.socket) -> bytearray:
+    """One Kafka response frame from a blocking socket, without its size prefix."""
+    (size,) = struct.unpack(">i", _receive_exactly(sock, 4))
+    return _receive_exactly(sock, size)
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise EOFError("the broker closed the connection")
+        got += n
+    return buffer
 
 
 def port_free(port: int) -> bool:
