@@ -11,6 +11,14 @@ Rules:
 - botocore's "standard" retry mode retries 5xx, SlowDown/throttling and connection
   errors with jittered exponential backoff. What it cannot see is retried here: a
   body that breaks off while being read, and 409 ConditionalRequestConflict.
+- Its wait before attempt i+1 is rand(0, 1) x min(base x 2^i, cap): base 1 s after a
+  throttling answer (SlowDown), 50 ms after others, and botocore's cap is 20 s. Here
+  the cap is `max_retry_delay_s` (MAX_RETRY_DELAY_S, 2 s): a produce waits for its
+  flush's PUT, and flushes commit in order, so one PUT asleep for up to 20 s after a
+  burst of SlowDowns held every produce of the agent that long after S3 answered
+  again. Eight attempts now wait at most 14 s in all, inside a producer's 30 s
+  request timeout. botocore's retry quota still stops retrying while most requests
+  fail, which is what keeps the load on a throttling S3 down.
 - put(if_absent=True) sends If-None-Match: *, so S3 itself refuses to overwrite;
   412 becomes ObjectExistsError. If botocore had retried that PUT, the 412 may be
   our own earlier attempt having landed (its answer lost): if the object's ETag is
@@ -53,6 +61,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from botocore.retries import quota, standard
 
 from storage.objectstore import (
     ObjectExistsError,
@@ -76,6 +85,8 @@ STREAM_CONNECTIONS = 256
 # Connections kept beyond max_concurrency, by default, for the blocking calls made outside
 # its limit (what an agent with the default settings makes at most).
 BLOCKING_CALLS = 18
+# The longest wait between two attempts of one request (botocore's own: 20 s).
+MAX_RETRY_DELAY_S = 2.0
 
 
 class S3ObjectStore:
@@ -92,6 +103,7 @@ class S3ObjectStore:
         max_concurrency: int = 16,
         blocking_calls: int = BLOCKING_CALLS,
         max_attempts: int = 8,
+        max_retry_delay_s: float = MAX_RETRY_DELAY_S,
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
         list_page_size: int = 1000,
@@ -120,9 +132,11 @@ class S3ObjectStore:
                 s3={"addressing_style": addressing_style},
             )
             # A session per client: boto3's default session is not thread-safe to create.
-            return boto3.session.Session().client(
+            made = boto3.session.Session().client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config
             )
+            _cap_retry_delay(made, max_attempts, max_retry_delay_s)
+            return made
 
         self._new_client = new_client if client is None else (lambda connections: client)
         if client is None:
@@ -375,6 +389,32 @@ class _S3RangeStream:
 
     def close(self) -> None:
         self._body.close()
+
+
+def _cap_retry_delay(client: Any, max_attempts: int, max_delay_s: float) -> None:
+    """Replace the client's standard-mode retry handler by the same one with its waits
+    capped at max_delay_s (botocore takes no cap in its Config). Registered under the
+    handler's own unique id, so exactly one handler decides each retry."""
+    service = client.meta.service_model.service_id.hyphenize()
+    adapter = standard.RetryEventAdapter()
+    throttling = standard.ThrottlingErrorDetector(adapter)
+    retry_quota = standard.RetryQuotaChecker(quota.RetryQuota(), throttling)
+    handler = standard.RetryHandler(
+        retry_policy=standard.RetryPolicy(
+            retry_checker=standard.StandardRetryConditions(max_attempts=max_attempts),
+            retry_backoff=standard.ExponentialBackoff(
+                max_backoff=max_delay_s, service_name=service, throttling_detector=throttling
+            ),
+        ),
+        retry_event_adapter=adapter,
+        retry_quota=retry_quota,
+        service_name=service,
+    )
+    events = client.meta.events
+    unique_id = f"retry-config-{service}"
+    events.unregister(f"needs-retry.{service}", unique_id=unique_id)
+    events.register(f"needs-retry.{service}", handler.needs_retry, unique_id=unique_id)
+    events.register(f"after-call.{service}", retry_quota.release_retry_quota)
 
 
 def _check_range(start: int, end: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -12,6 +13,7 @@ import anyio
 import boto3
 import pytest
 
+from integration.chaos.s3faults import FaultProxy
 from storage.objectstore import ObjectExistsError, ObjectStoreError, open_store
 from storage.s3 import BLOCKING_CALLS, S3ObjectStore
 from tests.storage.conftest import make_s3_store
@@ -93,6 +95,26 @@ async def test_unreachable_endpoint_is_a_store_error() -> None:
     with pytest.raises(ObjectStoreError, match="Could not connect"):
         await store.get("k")
     await store.aclose()
+
+
+async def test_the_wait_between_attempts_is_capped(moto_s3: str) -> None:
+    # After a SlowDown answer botocore waits rand(0, 1) x 2^i s before attempt i+1, up to
+    # 20 s: six waits of up to 1, 2, 4, 8, 16 and 20 s. Capped at 0.2 s, they take 1.2 s
+    # at most, and every attempt is still made.
+    proxy = FaultProxy(moto_s3, fault_rate=1.0, kinds=("slowdown",), seed=3).start()
+    store = S3ObjectStore(
+        TEST_BUCKET, endpoint_url=proxy.url, max_attempts=7, max_retry_delay_s=0.2
+    )
+    try:
+        began = time.monotonic()
+        with pytest.raises(ObjectStoreError, match="SlowDown"):
+            await store.put("capped", b"x", if_absent=True)
+        elapsed = time.monotonic() - began
+    finally:
+        await store.aclose()
+        proxy.stop()
+    assert proxy.requests["PUT"] == 7
+    assert elapsed < 6 * 0.2 + 2.0
 
 
 async def test_blocking_calls_beside_the_limit_reuse_pooled_connections(
