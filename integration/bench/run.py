@@ -68,10 +68,13 @@ def free_port() -> int:
 def wait_port(port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                # Not a socket joined to itself (a free port of the ephemeral range).
+                if sock.getsockname() != sock.getpeername():
+                    return
         except OSError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 

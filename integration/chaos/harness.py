@@ -92,9 +92,12 @@ def now_iso() -> str:
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something accepts connections on host:port. A connection alone does not
+    say so: when nothing listens on a port of the ephemeral range, the kernel may give
+    the connecting socket that very port, and TCP joins the socket to itself."""
     try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            return bool(sock.getsockname() != sock.getpeername())
     except OSError:
         return False
 

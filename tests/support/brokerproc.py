@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
+from integration.chaos.harness import listening
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
 
 _handed_out: set[int] = set()
@@ -53,11 +54,9 @@ def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | Non
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"broker exited with {proc.returncode} before listening")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
+        if listening(port):
+            return
+        time.sleep(0.05)
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 

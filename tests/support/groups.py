@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import struct
 import threading
 import time
@@ -282,11 +281,3 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20, interval: flo
             return
         time.sleep(interval)
     raise AssertionError("condition not reached in time")
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
