@@ -47,7 +47,12 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support.brokerproc import BrokerProcess, free_ports, pid_alive  # noqa: E402
+from tests.support.brokerproc import (  # noqa: E402
+    BrokerProcess,
+    free_ports,
+    listening,
+    pid_alive,
+)
 
 
 def machine() -> dict[str, Any]:
@@ -89,17 +94,6 @@ def write_report(path: str | Path, report: dict[str, Any]) -> Path:
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-
-def listening(port: int, host: str = "127.0.0.1") -> bool:
-    """True if something accepts connections on host:port. A connection alone does not
-    say so: when nothing listens on a port of the ephemeral range, the kernel may give
-    the connecting socket that very port, and TCP joins the socket to itself."""
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            return bool(sock.getsockname() != sock.getpeername())
-    except OSError:
-        return False
 
 
 def agent_ports(count: int) -> list[int]:

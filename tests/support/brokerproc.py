@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import pytest
 
-from integration.chaos.harness import listening
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
 
 _handed_out: set[int] = set()
@@ -47,6 +46,17 @@ def free_ports(count: int) -> list[int]:
             _handed_out.update(range(base, base + count))
             return list(range(base, base + count))
     raise RuntimeError("no free port range")
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something accepts connections on host:port. A connection alone does not
+    say so: when nothing listens on a port of the ephemeral range, the kernel may give
+    the connecting socket that very port, and TCP joins the socket to itself."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            return bool(sock.getsockname() != sock.getpeername())
+    except OSError:
+        return False
 
 
 def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
