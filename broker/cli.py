@@ -17,6 +17,7 @@ import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import anyio
@@ -830,13 +831,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--event-loop uvloop: uvloop is not installed (pip install uvloop)")
     if args.agents > 1:
         return _run_many(args, argv, config)
-    from broker.memory import tune_allocator
+    from broker.memory import COLLECTIONS, freeze_startup_heap, tune_allocator
     from broker.server import run_agent
 
     tune_allocator()
+    COLLECTIONS.install()
     logging.getLogger(__name__).info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
+    serve = partial(run_agent, ready=freeze_startup_heap)
     try:
-        anyio.run(run_agent, config, backend_options={"use_uvloop": use_uvloop})
+        anyio.run(serve, config, backend_options={"use_uvloop": use_uvloop})
     except KeyboardInterrupt:
         pass
     return 0

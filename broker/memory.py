@@ -1,4 +1,5 @@
-"""The memory of an agent process: allocator settings, and the bound on request bytes.
+"""The memory of an agent process: allocator settings, the garbage collector, and the
+bound on request bytes.
 
 An agent allocates and frees large buffers all the time: request frames, the copies of
 produced batches, ingest files, the pieces of a Fetch answer and the answer's frame, each
@@ -23,14 +24,31 @@ defaults.
 It does nothing on a C library other than glibc, and nothing for a threshold the operator
 already set through glibc's own environment variables (MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_, MALLOC_ARENA_MAX), which take precedence.
+
+Python's cyclic garbage collector stops the process while it runs, and a collection of
+the oldest generation visits every object the process tracks. Most of an agent's are
+made at start and live as long as it does: modules, classes, functions, the protocol
+schemas, botocore's service models (about 60,000 of the 63,000 tracked in an agent
+under produce load). Every 15-30 s of that load a full collection visited them all and
+found nothing to free, 55-100 ms each time with the event loop stopped: the produce
+p99 a client saw once the agent had run a minute, and the longest round trip of a
+request that needs neither store. `freeze_startup_heap` moves what exists once the
+agent serves into the collector's permanent generation (`gc.freeze`), which it never
+visits again; full collections then took 1.5-2.8 ms under the same load. What is
+frozen is still freed by reference counting; only a reference cycle among those objects
+would outlive its last use, and they are the agent's own long-lived parts.
+`GarbageCollections` counts the full collections and the time they stopped the process
+(the agent's stats, "gc").
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import platform
+import time
 from collections import deque
 
 import anyio
@@ -72,6 +90,55 @@ def tune_allocator() -> list[str]:
         else:
             logger.warning("glibc refused mallopt(%d, %d)", param, value)
     return applied
+
+
+def freeze_startup_heap() -> int:
+    """Move every object the collector tracks now into its permanent generation (see
+    above); the objects frozen so far. Called once the agent serves."""
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+class GarbageCollections:
+    """The full collections of this process (the oldest generation) and the time they
+    took, from the collector's own callbacks, once `install`ed."""
+
+    def __init__(self) -> None:
+        self.full_collections = 0
+        self.full_collection_us = 0
+        self.longest_full_collection_us = 0
+        self._began = 0.0
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = int((time.perf_counter() - self._began) * 1_000_000)
+        self.full_collections += 1
+        self.full_collection_us += took
+        self.longest_full_collection_us = max(self.longest_full_collection_us, took)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "frozen_objects": gc.get_freeze_count(),
+            "full_collections": self.full_collections,
+            "full_collection_us": self.full_collection_us,
+            "longest_full_collection_us": self.longest_full_collection_us,
+        }
+
+
+# This process's: the agent installs it at start (broker.cli), its stats report it.
+COLLECTIONS = GarbageCollections()
 
 
 class RequestMemory:

@@ -73,6 +73,8 @@ GAUGES = frozenset(
         ("ripcord", "enabled"),
         ("ripcord", "metadata_reachable"),
         ("put_hedge", "threshold_seconds"),
+        ("gc", "frozen_objects"),
+        ("gc", "longest_full_collection_seconds"),
     }
 )
 

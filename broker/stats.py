@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from broker import memory
 from broker.agent import Agent
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ def snapshot(agent: Agent) -> dict[str, Any]:
             "in_use": agent.request_memory.in_use,
             **agent.request_memory.stats,
         },
+        # The process's garbage collector (broker.memory): zero until the agent installs it.
+        "gc": memory.COLLECTIONS.stats(),
     }
     if agent.hedge is not None:
         body["put_hedge"] = dataclasses.asdict(agent.hedge.stats)

@@ -77,3 +77,22 @@ def test_operator_settings_take_precedence(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "524288")
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert memory.tune_allocator() == []
+
+
+def test_full_collections_are_counted_and_timed() -> None:
+    import gc
+
+    from broker.memory import GarbageCollections
+
+    collections = GarbageCollections()
+    collections.install()
+    try:
+        gc.collect(2)
+        gc.collect(1)  # not a full collection
+        gc.collect(2)
+    finally:
+        collections.uninstall()
+    gc.collect(2)  # no longer counted
+    stats = collections.stats()
+    assert stats["full_collections"] == 2
+    assert stats["full_collection_us"] >= stats["longest_full_collection_us"] > 0

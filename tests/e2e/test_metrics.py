@@ -182,3 +182,18 @@ def test_a_metrics_port_in_use_stops_the_start(tmp_path) -> None:
     assert f"cannot listen on the metrics port: {os.strerror(errno.EADDRINUSE)}" in result.stderr
     assert "listening on" not in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_startup_heap_is_frozen_and_full_collections_are_reported(start_broker) -> None:
+    # What the agent made at start is out of the collector's reach (broker.memory): a
+    # full collection no longer visits it. Tens of thousands of objects: modules,
+    # classes, functions, the protocol's schemas.
+    (metrics_port,) = free_ports(1)
+    broker = start_broker(extra_args=["--metrics-port", str(metrics_port)])
+    ensure_topic(broker.port, "gc")
+    scraped = samples(metrics_port)
+    assert scraped[("bucketlog_gc_frozen_objects", ())] > 10_000
+    full = scraped[("bucketlog_gc_full_collections_total", ())]
+    assert full >= 0
+    assert scraped[("bucketlog_gc_full_collection_seconds_total", ())] >= 0
+    assert ("bucketlog_gc_longest_full_collection_seconds", ()) in scraped
