@@ -29,14 +29,13 @@ Python's cyclic garbage collector stops the process while it runs, and a collect
 the oldest generation visits every object the process tracks. Most of an agent's are
 made at start and live as long as it does: modules, classes, functions, the protocol
 schemas, botocore's service models (about 60,000 of the 63,000 tracked in an agent
-under produce load). Every 15-30 s of that load a full collection visited them all and
-found nothing to free, 55-100 ms each time with the event loop stopped: the produce
-p99 a client saw once the agent had run a minute, and the longest round trip of a
-request that needs neither store. `freeze_startup_heap` moves what exists once the
-agent serves into the collector's permanent generation (`gc.freeze`), which it never
-visits again; full collections then took 1.5-2.8 ms under the same load. What is
-frozen is still freed by reference counting; only a reference cycle among those objects
-would outlive its last use, and they are the agent's own long-lived parts.
+under produce load). Every 15-35 s of that load a full collection visited them all and
+found nothing to free, 30-100 ms each time with the event loop stopped: the longest
+round trips of requests that need neither store. `freeze_startup_heap` moves what
+exists once the agent serves into the collector's permanent generation (`gc.freeze`),
+which it never visits again; full collections then take about 3 ms. What is frozen is
+still freed by reference counting; only a reference cycle among those objects would
+outlive its last use, and they are the agent's own long-lived parts.
 `GarbageCollections` counts the full collections and the time they stopped the process
 (the agent's stats, "gc").
 """
