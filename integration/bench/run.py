@@ -49,6 +49,9 @@ INTEGRATION = HERE.parent
 REPO = INTEGRATION.parent
 VENV_BIN = Path(sys.executable).parent
 
+sys.path.insert(0, str(REPO))
+from tests.support.brokerproc import listening  # noqa: E402
+
 RECORD_SIZE = 1024
 BATCH_SIZE = 262144  # producer batch.size in bytes (the Java default is 16 KiB)
 LINGER_MS = 5
@@ -67,13 +70,8 @@ def free_port() -> int:
 
 def wait_port(port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                # Not a socket joined to itself (a free port of the ephemeral range).
-                if sock.getsockname() != sock.getpeername():
-                    return
-        except OSError:
-            pass
+        if listening(port):
+            return
         time.sleep(0.2)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
