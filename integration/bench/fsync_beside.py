@@ -1,0 +1,157 @@
+"""How long a flush's small write and fsync takes beside a writer of large objects.
+
+`.venv/bin/python integration/bench/fsync_beside.py [--seconds 20] [--dir PATH]
+[--writer MODE ...] [--rounds 1] [--out FILE]` runs, in a folder on the disk under test
+(default: a temporary folder next to this checkout), a small writer that writes 100 KB
+to a new file and fsyncs it every 5 ms, as the agent's flushes do, and beside it a large
+writer that writes 64 MiB files one after the other, as compaction's jobs do, in one of
+these ways:
+
+- `alone`: no large writer;
+- `sync-2m`: 1 MiB writes, fdatasync every 2 MiB, fsync at the end (the local store's
+  way for a large object);
+- `sync-2m-NNNmbs`: the same, paced to NNN MB/s (e.g. `sync-2m-100mbs`);
+- `direct`: 1 MiB writes with O_DIRECT (aligned buffers; the page cache bypassed), fsync
+  at the end;
+- `direct-NNNmbs`: the same, paced to NNN MB/s.
+
+For each mode it prints the small writer's p50, p99 and maximum per write-and-fsync and
+the large writer's MB/s. Each writer is a process of its own (as the agent and its
+compaction worker are). A measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+SMALL_BYTES = 100_000
+SMALL_EVERY_S = 0.005
+LARGE_BYTES = 64 << 20
+PIECE = 1 << 20
+SYNC_PIECE = 2 << 20
+BLOCK = 4096
+MODES = ("alone", "sync-2m", "sync-2m-100mbs", "direct", "direct-100mbs")
+
+
+def _mode(value: str) -> str:
+    base = value.rsplit("-", 1)[0] if value.endswith("mbs") else value
+    if base not in ("alone", "sync-2m", "direct") or (base == "alone" and base != value):
+        raise argparse.ArgumentTypeError(f"unknown writer {value!r}")
+    return value
+
+
+def small_writer(folder: str, seconds: float, out: multiprocessing.Queue) -> None:
+    data = os.urandom(SMALL_BYTES)
+    times: list[float] = []
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        path = os.path.join(folder, f"small-{n}")
+        began = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        times.append((time.perf_counter() - began) * 1000)
+        os.unlink(path)
+        n += 1
+        time.sleep(SMALL_EVERY_S)
+    out.put(times)
+
+
+def _paced(written: int, began: float, rate: float | None) -> None:
+    if rate:
+        ahead = written / rate - (time.monotonic() - began)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def large_writer(folder: str, mode: str, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+    rate = float(mode.rsplit("-", 1)[1].removesuffix("mbs")) * 1e6 if mode.endswith("mbs") else None
+    direct = mode.startswith("direct")
+    payload = os.urandom(PIECE)
+    buffer = mmap.mmap(-1, PIECE)  # page-aligned, as O_DIRECT needs
+    buffer.write(payload)
+    total = 0
+    began = time.monotonic()
+    n = 0
+    while not stop.is_set():
+        path = os.path.join(folder, f"large-{n}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0)
+        fd = os.open(path, flags, 0o644)
+        unsynced = 0
+        for _ in range(LARGE_BYTES // PIECE):
+            total += os.write(fd, buffer if direct else payload)
+            unsynced += PIECE
+            if not direct and unsynced >= SYNC_PIECE:
+                os.fdatasync(fd)
+                unsynced = 0
+            _paced(total, began, rate)
+            if stop.is_set():
+                break
+        os.fsync(fd)
+        os.close(fd)
+        os.unlink(path)
+        n += 1
+    out.put(total / (time.monotonic() - began) / 1e6)
+
+
+def run_mode(folder: str, mode: str, seconds: float) -> dict[str, float | str]:
+    results: multiprocessing.Queue = multiprocessing.Queue()
+    stop = multiprocessing.Event()
+    large = None
+    if mode != "alone":
+        large = multiprocessing.Process(target=large_writer, args=(folder, mode, stop, results))
+        large.start()
+        time.sleep(1.0)
+    small_results: multiprocessing.Queue = multiprocessing.Queue()
+    small = multiprocessing.Process(target=small_writer, args=(folder, seconds, small_results))
+    small.start()
+    times = sorted(small_results.get())
+    small.join()
+    mbs = 0.0
+    if large is not None:
+        stop.set()
+        mbs = results.get()
+        large.join()
+    return {
+        "mode": mode,
+        "fsyncs": len(times),
+        "p50_ms": round(statistics.median(times), 2),
+        "p99_ms": round(times[int(len(times) * 0.99)], 2),
+        "max_ms": round(times[-1], 2),
+        "large_mb_s": round(mbs, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--dir", default=str(Path(__file__).resolve().parents[2]))
+    parser.add_argument("--writer", action="append", type=_mode)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    modes = args.writer or list(MODES)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fsync-beside-", dir=args.dir) as folder:
+        for round_ in range(args.rounds):
+            for mode in modes:
+                row = run_mode(folder, mode, args.seconds)
+                row["round"] = round_ + 1
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
