@@ -220,7 +220,7 @@ class Agent:
             ),
             pool=(
                 WorkerPool(
-                    StoreSpec.of(config, blocking_calls=2),
+                    StoreSpec.of(config, blocking_calls=2, worker=True),
                     config.compaction_max_jobs,
                     config.compaction_worker_nice,
                 )

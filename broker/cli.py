@@ -107,6 +107,13 @@ def _niceness(value: str) -> int:
     return number
 
 
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive number, got {value!r}")
+    return number
+
+
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
@@ -424,6 +431,15 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         " (0-19, as nice(1); default 10; only with --compaction-workers process)",
     ),
     (
+        "compaction-write-bytes-per-s",
+        _non_negative,
+        None,
+        "how fast a compaction worker process writes an output to the local store at most,"
+        " in bytes per second (default 0: as fast as the disk takes it; as Kafka's"
+        " log.cleaner.io.max.bytes.per.second, unlimited by default); only with"
+        " --compaction-workers process and a file:// store",
+    ),
+    (
         "compaction-lease-ms",
         _positive,
         120_000,
@@ -688,6 +704,25 @@ def _worker_nice(workers: str, nice: int | None) -> int:
     return nice
 
 
+def _compaction_write_rate(workers: str, storage_url: str | None, rate: int | None) -> int:
+    """The pace of compaction's output writes (0: none): only worker processes writing to
+    a local folder are paced."""
+    if not rate:
+        return 0
+    local = not storage_url or storage_url.startswith("file://")
+    if workers == "thread":
+        raise ValueError(
+            "--compaction-write-bytes-per-s is for worker processes: with"
+            " --compaction-workers thread the outputs are written unpaced"
+        )
+    if not local:
+        raise ValueError(
+            "--compaction-write-bytes-per-s paces writes to a local folder (file://);"
+            f" {storage_url} is written by requests"
+        )
+    return rate
+
+
 def _zone(zone: str | None, rack: str | None) -> str | None:
     """The agent's zone from --zone and its older name --rack (empty: none)."""
     if zone is not None and rack is not None and zone != rack:
@@ -761,6 +796,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_max_jobs=args.compaction_max_jobs,
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
+        compaction_write_bytes_per_s=_compaction_write_rate(
+            args.compaction_workers, args.storage, args.compaction_write_bytes_per_s
+        ),
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,
         compaction_l2_max_inputs=args.compaction_l2_max_inputs,

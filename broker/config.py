@@ -101,6 +101,8 @@ class BrokerConfig:
     compaction_max_jobs: int = 1
     compaction_workers: str = "process"  # or "thread"
     compaction_worker_nice: int = 10
+    # Bytes per second a worker process writes a large local object at most (0: unpaced).
+    compaction_write_bytes_per_s: int = 0
     compaction_lease_ms: int = 120_000
     compaction_retention_span_percent: int = 10
     compaction_l2_max_inputs: int = 256

@@ -53,9 +53,15 @@ class StoreSpec:
     blocking_calls: int | None = None
     put_latency_ms: tuple[float, float] | None = None  # median, p99
     get_latency_ms: tuple[float, float] | None = None
+    # A local store's large objects written no faster than this (None: unpaced).
+    large_write_bytes_per_s: float | None = None
 
     @classmethod
-    def of(cls, config: BrokerConfig, blocking_calls: int | None = None) -> StoreSpec:
+    def of(
+        cls, config: BrokerConfig, blocking_calls: int | None = None, *, worker: bool = False
+    ) -> StoreSpec:
+        """The agent's store (`worker`: as compaction's worker processes open it, their
+        large writes paced)."""
         return cls(
             config.resolved_storage_url,
             config.s3_endpoint_url,
@@ -64,6 +70,7 @@ class StoreSpec:
             blocking_calls,
             config.inject_put_latency_ms or None,
             config.inject_get_latency_ms or None,
+            (config.compaction_write_bytes_per_s or None) if worker else None,
         )
 
     @property
@@ -79,6 +86,11 @@ class StoreSpec:
             s3_addressing_style=self.s3_addressing_style,
             blocking_calls=self.blocking_calls,
         )
+        if self.large_write_bytes_per_s:
+            from storage.local import LocalObjectStore
+
+            if isinstance(store, LocalObjectStore):
+                store.large_write_bytes_per_s = self.large_write_bytes_per_s
         if self.put_latency_ms or self.get_latency_ms:
             from metadata.injected_kv import Lognormal
             from storage.injected import InjectedLatencyStore

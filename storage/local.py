@@ -54,6 +54,11 @@ WRITE_PIECE = 1 << 20
 # their end, 1.7 / 16 ms when that writer fdatasync'd every MiB (and 3 / 16 ms every 2
 # MiB, at 894 MB/s instead of 1,007 for the large writer).
 SYNC_PIECE = 2 << 20
+# A large object may also be written no faster than a given rate (`large_write_bytes_per_s`,
+# set in compaction's worker processes by --compaction-write-bytes-per-s). Even synced
+# every 2 MiB, a writer at the disk's full speed kept the small writer above at 14-16 ms
+# p99; paced to 100 MB/s, 2.9 and 10.8 ms, to 200 MB/s 13.6-13.8 ms
+# (integration/bench/fsync_beside.py, two rounds of 20 s each).
 
 _T = TypeVar("_T")
 
@@ -61,8 +66,16 @@ _T = TypeVar("_T")
 class LocalObjectStore:
     """Objects as files under `root`; safe to share between processes on one host."""
 
-    def __init__(self, root: str, *, max_concurrency: int = 16) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        max_concurrency: int = 16,
+        large_write_bytes_per_s: float | None = None,
+    ) -> None:
         self.root = os.path.abspath(root)
+        # Objects over SYNC_PIECE are written no faster than this (None: at the disk's pace).
+        self.large_write_bytes_per_s = large_write_bytes_per_s
         os.makedirs(self.root, exist_ok=True)
         self._limiter = anyio.CapacityLimiter(max_concurrency)
         self.stats = new_stats()
@@ -78,7 +91,7 @@ class LocalObjectStore:
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         path = self._path(key)
         self.stats["puts"] += 1
-        self._wrapped(partial(_put_file, path, key, data, if_absent))
+        self._wrapped(partial(_put_file, path, key, data, if_absent, self.large_write_bytes_per_s))
         self.stats["bytes_put"] += len(data)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -161,14 +174,17 @@ def _check_range(start: int, end: int | None) -> None:
         raise ValueError(f"range end {end} is before start {start}")
 
 
-def _put_file(path: str, key: str, data: bytes, if_absent: bool) -> None:
+def _put_file(
+    path: str, key: str, data: bytes, if_absent: bool, large_bytes_per_s: float | None = None
+) -> None:
     folder = os.path.dirname(path)
     _makedirs_durable(folder)
     tmp = os.path.join(folder, TEMP_PREFIX + secrets.token_hex(8))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            _write_all(fd, data, sync=len(data) > SYNC_PIECE)
+            large = len(data) > SYNC_PIECE
+            _write_all(fd, data, sync=large, bytes_per_s=large_bytes_per_s if large else None)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -191,15 +207,25 @@ def _put_file(path: str, key: str, data: bytes, if_absent: bool) -> None:
     _fsync_dir(folder)
 
 
-def _write_all(fd: int, data: bytes, *, sync: bool = False) -> None:
+def _write_all(
+    fd: int, data: bytes, *, sync: bool = False, bytes_per_s: float | None = None
+) -> None:
     """Write data in pieces of at most WRITE_PIECE bytes; with `sync`, fdatasync each
-    SYNC_PIECE bytes written (the caller fsyncs the rest)."""
+    SYNC_PIECE bytes written (the caller fsyncs the rest); with `bytes_per_s`, no faster
+    than that (a sleep before each piece that would run ahead of it)."""
     view = memoryview(data)
     unsynced = 0
+    total = 0
+    began = time.monotonic()
     while view:
+        if bytes_per_s and total:
+            ahead = total / bytes_per_s - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
         written = os.write(fd, view[:WRITE_PIECE])
         view = view[written:]
         unsynced += written
+        total += written
         if sync and unsynced >= SYNC_PIECE and view:
             os.fdatasync(fd)
             unsynced = 0

@@ -29,6 +29,13 @@ def _worker_facts(store: object, pause: float = 0.0) -> tuple[int, int, int]:
     return os.getpid(), os.getppid(), os.nice(0)
 
 
+def _write_pace(store: AccountingStore) -> float | None:
+    """In the worker: the pace of its store's large writes."""
+    inner = store.inner
+    assert isinstance(inner, LocalObjectStore)
+    return inner.large_write_bytes_per_s
+
+
 def _copy(store: AccountingStore, source: str, target: str) -> int:
     data = store.get_sync(source)
     store.put_sync(target, data)
@@ -197,3 +204,37 @@ def test_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(SystemExit) as exited:
             _config(*bad)
         assert exited.value.code == 2
+
+
+async def test_the_workers_store_paces_its_large_writes_and_the_agents_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BUCKETLOG_CONFIG", raising=False)
+    config = _config("--data-dir", str(tmp_path), "--compaction-write-bytes-per-s", "50000000")
+    assert config.compaction_write_bytes_per_s == 50_000_000
+    own = StoreSpec.of(config).open()
+    assert isinstance(own, LocalObjectStore) and own.large_write_bytes_per_s is None
+    pool = WorkerPool(StoreSpec.of(config, worker=True), workers=1, nice=0)
+    try:
+        pace, _spent = await pool.run(_write_pace)
+    finally:
+        pool.close()
+    assert pace == 50_000_000
+
+
+def test_the_write_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("COMPACTION_WORKERS", "COMPACTION_WRITE_BYTES_PER_S", "STORAGE", "CONFIG"):
+        monkeypatch.delenv(f"BUCKETLOG_{name}", raising=False)
+    assert _config().compaction_write_bytes_per_s == 0  # unpaced, as Kafka's cleaner
+    monkeypatch.setenv("BUCKETLOG_COMPACTION_WRITE_BYTES_PER_S", "1000000")
+    assert _config().compaction_write_bytes_per_s == 1_000_000
+    # Writes it would not pace are refused, not ignored: a thread's, an S3 store's.
+    with pytest.raises(ValueError, match="worker processes"):
+        _config("--compaction-workers", "thread")
+    with pytest.raises(ValueError, match="local folder"):
+        _config("--storage", "s3://bucket/prefix")
+    assert _config("--compaction-write-bytes-per-s", "0", "--storage", "s3://b/p")
+    monkeypatch.delenv("BUCKETLOG_COMPACTION_WRITE_BYTES_PER_S")
+    with pytest.raises(SystemExit) as exited:
+        _config("--compaction-write-bytes-per-s", "-1")
+    assert exited.value.code == 2

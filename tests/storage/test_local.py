@@ -14,7 +14,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from storage.local import TEMP_PREFIX, WRITE_PIECE, LocalObjectStore
+from storage import local
+from storage.local import SYNC_PIECE, TEMP_PREFIX, WRITE_PIECE, LocalObjectStore
 from storage.objectstore import ObjectNotFoundError, ObjectStoreError
 
 RACE_KEYS = 200
@@ -194,3 +195,33 @@ async def test_large_objects_are_written_in_pieces(
     assert sizes and max(sizes) <= WRITE_PIECE, sizes
     assert sum(1 for size in sizes if size == WRITE_PIECE) >= 3
     assert await local_store.get("ingest/large") == data
+
+
+def test_large_objects_are_written_no_faster_than_the_pace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With large_write_bytes_per_s, each piece of a large object waits until the pieces
+    before it had their time at that rate; small objects, and a store without the
+    setting, never wait. (The store's clock here moves only when it sleeps.)"""
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(local.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(local.time, "sleep", sleep)
+    rate = 4 * WRITE_PIECE  # bytes per second: four pieces a second
+    paced = LocalObjectStore(str(tmp_path / "paced"), large_write_bytes_per_s=rate)
+    data = os.urandom(8 * WRITE_PIECE)
+    paced.put_sync("compacted/large", data, if_absent=True)
+    assert slept == [0.25] * 7, "pieces 2 to 8, each a quarter of a second after the one before"
+    assert paced.get_sync("compacted/large") == data
+
+    slept.clear()
+    paced.put_sync("ingest/small", os.urandom(SYNC_PIECE), if_absent=True)
+    unpaced = LocalObjectStore(str(tmp_path / "unpaced"))
+    unpaced.put_sync("compacted/large", data, if_absent=True)
+    monkeypatch.undo()
+    assert slept == []
