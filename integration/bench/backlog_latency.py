@@ -31,6 +31,7 @@ HISTOGRAMS = {
     "bucketlog_request_seconds": (("api", "Produce"),),
     "bucketlog_flush_upload_seconds": (),
     "bucketlog_metadata_commit_seconds": (),
+    "bucketlog_flush_end_to_end_seconds": (),
 }
 
 

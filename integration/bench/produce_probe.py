@@ -126,6 +126,10 @@ def main() -> int:
                 "minute": minute,
                 "tool_p99_ms": tool["p99_ms"],
                 "agent_produce_p99_le_ms": agent["bucketlog_request_seconds"]["p99_le_ms"],
+                "agent_p99_le_ms": {
+                    name.removeprefix("bucketlog_").removesuffix("_seconds"): value["p99_le_ms"]
+                    for name, value in agent.items()
+                },
                 "probe": probe.since(start),
             }
             print(json.dumps(row), flush=True)
