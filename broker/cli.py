@@ -704,25 +704,6 @@ def _worker_nice(workers: str, nice: int | None) -> int:
     return nice
 
 
-def _compaction_write_rate(workers: str, storage_url: str | None, rate: int | None) -> int:
-    """The pace of compaction's output writes (0: none): only worker processes writing to
-    a local folder are paced."""
-    if not rate:
-        return 0
-    local = not storage_url or storage_url.startswith("file://")
-    if workers == "thread":
-        raise ValueError(
-            "--compaction-write-bytes-per-s is for worker processes: with"
-            " --compaction-workers thread the outputs are written unpaced"
-        )
-    if not local:
-        raise ValueError(
-            "--compaction-write-bytes-per-s paces writes to a local folder (file://);"
-            f" {storage_url} is written by requests"
-        )
-    return rate
-
-
 def _zone(zone: str | None, rack: str | None) -> str | None:
     """The agent's zone from --zone and its older name --rack (empty: none)."""
     if zone is not None and rack is not None and zone != rack:
@@ -796,9 +777,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_max_jobs=args.compaction_max_jobs,
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
-        compaction_write_bytes_per_s=_compaction_write_rate(
-            args.compaction_workers, args.storage, args.compaction_write_bytes_per_s
-        ),
+        compaction_write_bytes_per_s=args.compaction_write_bytes_per_s or 0,
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,
         compaction_l2_max_inputs=args.compaction_l2_max_inputs,

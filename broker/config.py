@@ -180,6 +180,16 @@ class BrokerConfig:
                 f"--lease-renew-ms ({self.lease_renew_ms}) must be shorter than --lease-ms"
                 f" ({self.lease_ms}): an agent would drop out between two renewals"
             )
+        if self.compaction_write_bytes_per_s and self.compaction_workers == "thread":
+            raise ValueError(
+                "--compaction-write-bytes-per-s is for worker processes: with"
+                " --compaction-workers thread the outputs are written unpaced"
+            )
+        if self.compaction_write_bytes_per_s and not self.is_local_store:
+            raise ValueError(
+                "--compaction-write-bytes-per-s paces writes to a local folder (file://);"
+                f" {self.resolved_storage_url} is written by requests"
+            )
         if not self.authorizer and (self.super_users or self.allow_everyone_if_no_acl_found):
             raise ValueError(
                 "--super-users and --allow-everyone-if-no-acl-found take effect only with"

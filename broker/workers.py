@@ -85,12 +85,8 @@ class StoreSpec:
             s3_region=self.s3_region,
             s3_addressing_style=self.s3_addressing_style,
             blocking_calls=self.blocking_calls,
+            large_write_bytes_per_s=self.large_write_bytes_per_s,
         )
-        if self.large_write_bytes_per_s:
-            from storage.local import LocalObjectStore
-
-            if isinstance(store, LocalObjectStore):
-                store.large_write_bytes_per_s = self.large_write_bytes_per_s
         if self.put_latency_ms or self.get_latency_ms:
             from metadata.injected_kv import Lognormal
             from storage.injected import InjectedLatencyStore

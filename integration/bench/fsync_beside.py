@@ -37,7 +37,6 @@ SMALL_EVERY_S = 0.005
 LARGE_BYTES = 64 << 20
 PIECE = 1 << 20
 SYNC_PIECE = 2 << 20
-BLOCK = 4096
 MODES = ("alone", "sync-2m", "sync-2m-100mbs", "direct", "direct-100mbs")
 
 
