@@ -6,8 +6,7 @@ Rules:
   "a/b" cannot both be objects (a file cannot also be a folder).
 - put writes a temp file next to its target, fsyncs it, then publishes it in one
   atomic step and fsyncs the folder, so a reader sees the whole object or nothing,
-  and a returned put survives a power cut. Puts into one folder that publish while
-  an fsync of it runs share the next one (a group commit of the folder).
+  and a returned put survives a power cut.
 - put(if_absent=True) publishes with os.link, which fails if the name exists, so
   no other writer, in this process or another one sharing the folder, can replace
   an object once written. Plain put uses os.replace (last writer wins).
@@ -24,7 +23,6 @@ import builtins
 import os
 import secrets
 import stat
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -80,7 +78,6 @@ class LocalObjectStore:
         self.large_write_bytes_per_s = large_write_bytes_per_s
         os.makedirs(self.root, exist_ok=True)
         self._limiter = anyio.CapacityLimiter(max_concurrency)
-        self._folder_syncs = _FolderSyncs()
         self.stats = new_stats()
 
     def __repr__(self) -> str:
@@ -94,17 +91,7 @@ class LocalObjectStore:
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         path = self._path(key)
         self.stats["puts"] += 1
-        self._wrapped(
-            partial(
-                _put_file,
-                path,
-                key,
-                data,
-                if_absent,
-                self.large_write_bytes_per_s,
-                self._folder_syncs.sync,
-            )
-        )
+        self._wrapped(partial(_put_file, path, key, data, if_absent, self.large_write_bytes_per_s))
         self.stats["bytes_put"] += len(data)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -188,12 +175,7 @@ def _check_range(start: int, end: int | None) -> None:
 
 
 def _put_file(
-    path: str,
-    key: str,
-    data: bytes,
-    if_absent: bool,
-    large_bytes_per_s: float | None = None,
-    sync_folder: Callable[[str], None] | None = None,
+    path: str, key: str, data: bytes, if_absent: bool, large_bytes_per_s: float | None = None
 ) -> None:
     folder = os.path.dirname(path)
     _makedirs_durable(folder)
@@ -222,48 +204,7 @@ def _put_file(
         except FileNotFoundError:
             pass
         raise
-    (sync_folder or _fsync_dir)(folder)
-
-
-class _FolderSyncs:
-    """fsync of a folder shared by the puts that need it at the same time.
-
-    A put needs an fsync of its folder that begins after its own rename. One that
-    arrives while an fsync of the folder runs waits for it to end and then for the
-    next one, which a single waiter runs for all who arrived in the meantime: with
-    eight flushes finishing together, two fsyncs of the folder instead of eight.
-    A failed fsync is raised to the thread that ran it; the others try again.
-    """
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        # Per folder: fsyncs begun, fsyncs ended (by number), and whether one runs now.
-        self._begun: dict[str, int] = {}
-        self._ended: dict[str, int] = {}
-        self._running: set[str] = set()
-        self.fsyncs = 0
-
-    def sync(self, folder: str) -> None:
-        with self._changed:
-            needed = self._begun.get(folder, 0) + 1
-            while self._ended.get(folder, 0) < needed:
-                if folder in self._running:
-                    self._changed.wait()
-                    continue
-                self._running.add(folder)
-                number = self._begun[folder] = self._begun.get(folder, 0) + 1
-                ok = False
-                self._changed.release()
-                try:
-                    _fsync_dir(folder)
-                    ok = True
-                finally:
-                    self._changed.acquire()
-                    self._running.discard(folder)
-                    if ok:
-                        self._ended[folder] = number
-                        self.fsyncs += 1
-                    self._changed.notify_all()
+    _fsync_dir(folder)
 
 
 def _write_all(

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -226,99 +225,3 @@ def test_large_objects_are_written_no_faster_than_the_pace(
     unpaced.put_sync("compacted/large", data, if_absent=True)
     monkeypatch.undo()
     assert slept == []
-
-
-def test_puts_into_one_folder_share_its_fsync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Puts that publish while an fsync of their folder runs share the next one, and
-    no put returns before an fsync of its folder that began after its rename ended."""
-    events: list[tuple[str, str]] = []
-    lock = threading.Lock()
-    real_replace, real_fsync_dir = os.replace, local._fsync_dir
-
-    def recording_replace(src: str, dst: str) -> None:
-        real_replace(src, dst)
-        with lock:
-            events.append(("renamed", os.path.basename(dst)))
-
-    def slow_fsync_dir(folder: str) -> None:
-        with lock:
-            events.append(("fsync began", folder))
-        time.sleep(0.05)  # as a disk busy with another writer's data
-        real_fsync_dir(folder)
-        with lock:
-            events.append(("fsync ended", folder))
-
-    monkeypatch.setattr(os, "replace", recording_replace)
-    monkeypatch.setattr(local, "_fsync_dir", slow_fsync_dir)
-    store = LocalObjectStore(str(tmp_path))
-    store.put_sync("ingest/first", b"x")  # the folder exists before the race
-    events.clear()
-
-    def put(name: str) -> None:
-        store.put_sync(f"ingest/{name}", name.encode())
-        with lock:
-            events.append(("returned", name))
-
-    names = [f"object-{n}" for n in range(8)]
-    threads = [threading.Thread(target=put, args=(name,)) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    monkeypatch.undo()
-
-    fsyncs = [event for event in events if event[0] == "fsync began"]
-    assert 1 <= len(fsyncs) <= 3, f"{len(fsyncs)} fsyncs of the folder for 8 puts: {events}"
-    for name in names:
-        renamed = events.index(("renamed", name))
-        returned = events.index(("returned", name))
-        began = [i for i in range(renamed, returned) if events[i][0] == "fsync began"]
-        assert any(
-            ("fsync ended", events[i][1]) in events[i:returned] for i in began
-        ), f"{name} returned without an fsync of its folder begun after its rename: {events}"
-        assert store.get_sync(f"ingest/{name}") == name.encode()
-
-
-def test_a_failed_shared_fsync_fails_only_the_put_that_ran_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The put whose thread ran a failed fsync of the folder is told; the puts that
-    waited for it run their own instead of returning unsynced."""
-    real_fsync_dir = local._fsync_dir
-    calls = [0]
-    first_began = threading.Event()
-
-    def failing_once(folder: str) -> None:
-        calls[0] += 1
-        if calls[0] == 1:
-            first_began.set()
-            time.sleep(0.1)  # long enough for the other puts to queue behind it
-            raise OSError(5, "Input/output error")
-        real_fsync_dir(folder)
-
-    store = LocalObjectStore(str(tmp_path))
-    store.put_sync("ingest/first", b"x")
-    monkeypatch.setattr(local, "_fsync_dir", failing_once)
-    outcomes: dict[str, str] = {}
-
-    def put(name: str) -> None:
-        try:
-            store.put_sync(f"ingest/{name}", b"data")
-            outcomes[name] = "ok"
-        except ObjectStoreError as exc:
-            outcomes[name] = str(exc)
-
-    leader = threading.Thread(target=put, args=("leader",))
-    leader.start()
-    assert first_began.wait(5)
-    others = [threading.Thread(target=put, args=(f"other-{n}",)) for n in range(4)]
-    for thread in others:
-        thread.start()
-    for thread in [leader, *others]:
-        thread.join()
-    monkeypatch.undo()
-    assert "Input/output error" in outcomes.pop("leader")
-    assert outcomes == {f"other-{n}": "ok" for n in range(4)}
-    assert calls[0] >= 2, "the waiters ran an fsync of their own after the failed one"
