@@ -53,15 +53,17 @@ class StoreSpec:
     blocking_calls: int | None = None
     put_latency_ms: tuple[float, float] | None = None  # median, p99
     get_latency_ms: tuple[float, float] | None = None
-    # A local store's large objects written no faster than this (None: unpaced).
+    # A local store's large objects written no faster than this (None: unpaced), and with
+    # O_DIRECT (storage.local): compaction's outputs, not the agent's flushes.
     large_write_bytes_per_s: float | None = None
+    large_writes_direct: bool = False
 
     @classmethod
     def of(
         cls, config: BrokerConfig, blocking_calls: int | None = None, *, worker: bool = False
     ) -> StoreSpec:
         """The agent's store (`worker`: as compaction's worker processes open it, their
-        large writes paced)."""
+        large writes paced and direct)."""
         return cls(
             config.resolved_storage_url,
             config.s3_endpoint_url,
@@ -71,6 +73,7 @@ class StoreSpec:
             config.inject_put_latency_ms or None,
             config.inject_get_latency_ms or None,
             (config.compaction_write_bytes_per_s or None) if worker else None,
+            large_writes_direct=worker,
         )
 
     @property
@@ -86,6 +89,7 @@ class StoreSpec:
             s3_addressing_style=self.s3_addressing_style,
             blocking_calls=self.blocking_calls,
             large_write_bytes_per_s=self.large_write_bytes_per_s,
+            large_writes_direct=self.large_writes_direct,
         )
         if self.put_latency_ms or self.get_latency_ms:
             from metadata.injected_kv import Lognormal

@@ -29,11 +29,11 @@ def _worker_facts(store: object, pause: float = 0.0) -> tuple[int, int, int]:
     return os.getpid(), os.getppid(), os.nice(0)
 
 
-def _write_pace(store: AccountingStore) -> float | None:
-    """In the worker: the pace of its store's large writes."""
+def _write_pace(store: AccountingStore) -> tuple[float | None, bool]:
+    """In the worker: the pace of its store's large writes, and whether they are direct."""
     inner = store.inner
     assert isinstance(inner, LocalObjectStore)
-    return inner.large_write_bytes_per_s
+    return inner.large_write_bytes_per_s, inner.large_writes_direct
 
 
 def _copy(store: AccountingStore, source: str, target: str) -> int:
@@ -209,17 +209,21 @@ def test_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_the_workers_store_paces_its_large_writes_and_the_agents_does_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Compaction's workers write large objects paced and with O_DIRECT; the agent's
+    own flushes are neither."""
     monkeypatch.delenv("BUCKETLOG_CONFIG", raising=False)
     config = _config("--data-dir", str(tmp_path), "--compaction-write-bytes-per-s", "50000000")
     assert config.compaction_write_bytes_per_s == 50_000_000
     own = StoreSpec.of(config).open()
-    assert isinstance(own, LocalObjectStore) and own.large_write_bytes_per_s is None
+    assert isinstance(own, LocalObjectStore)
+    assert own.large_write_bytes_per_s is None and not own.large_writes_direct
     pool = WorkerPool(StoreSpec.of(config, worker=True), workers=1, nice=0)
     try:
-        pace, _spent = await pool.run(_write_pace)
+        (pace, direct), _spent = await pool.run(_write_pace)
     finally:
         pool.close()
     assert pace == 50_000_000
+    assert direct
 
 
 def test_the_write_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:

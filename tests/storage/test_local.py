@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -225,3 +226,90 @@ def test_large_objects_are_written_no_faster_than_the_pace(
     unpaced.put_sync("compacted/large", data, if_absent=True)
     monkeypatch.undo()
     assert slept == []
+
+
+@pytest.mark.parametrize(
+    "size",
+    [SYNC_PIECE + 4096, 3 * WRITE_PIECE, 3 * WRITE_PIECE + 12345, SYNC_PIECE + 1],
+)
+def test_large_objects_can_be_written_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """With large_writes_direct, a large object is written through an O_DIRECT
+    descriptor, in aligned pieces (the last padded, the file cut back to the object's
+    size); small objects, and a store without the setting, are written buffered."""
+    opened: list[tuple[str, bool]] = []
+    written: list[tuple[int, int]] = []  # (offset, length) of each direct write
+    real_open, real_pwrite = os.open, os.pwrite
+
+    def recording_open(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_CREAT:
+            opened.append((os.path.basename(path), bool(flags & os.O_DIRECT)))
+        return real_open(path, flags, *args)
+
+    def recording_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        written.append((offset, len(data)))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    monkeypatch.setattr(os, "pwrite", recording_pwrite)
+    direct = LocalObjectStore(str(tmp_path / "direct"), large_writes_direct=True)
+    data = os.urandom(size)
+    direct.put_sync("compacted/large", data, if_absent=True)
+    direct.put_sync("ingest/small", b"small", if_absent=True)
+    buffered = LocalObjectStore(str(tmp_path / "buffered"))
+    buffered.put_sync("compacted/large", data, if_absent=True)
+    monkeypatch.undo()
+    assert [flag for _name, flag in opened] == [True, False, False], opened
+    assert written and all(
+        offset % local.DIRECT_ALIGN == 0 and length % local.DIRECT_ALIGN == 0
+        for offset, length in written
+    ), written
+    assert sum(length for _offset, length in written) == -(-size // 4096) * 4096
+    path = tmp_path / "direct" / "compacted" / "large"
+    assert path.stat().st_size == size
+    assert direct.get_sync("compacted/large") == data
+    assert direct.get_sync("ingest/small") == b"small"
+    assert temp_files(tmp_path) == []
+
+
+def test_direct_writes_fall_back_where_the_file_system_refuses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system that answers O_DIRECT with EINVAL (as tmpfs did before Linux 6.6)
+    gets the object written buffered, whole."""
+    real_open = os.open
+
+    def refusing_open(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            real_open(path, flags & ~os.O_DIRECT, *args)  # created, as tmpfs did
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    store = LocalObjectStore(str(tmp_path), large_writes_direct=True)
+    data = os.urandom(3 * WRITE_PIECE + 7)
+    store.put_sync("compacted/large", data, if_absent=True)
+    monkeypatch.undo()
+    assert store.get_sync("compacted/large") == data
+    assert temp_files(tmp_path) == []
+
+
+def test_direct_large_writes_are_paced_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(local.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(local.time, "sleep", sleep)
+    store = LocalObjectStore(
+        str(tmp_path), large_write_bytes_per_s=4 * WRITE_PIECE, large_writes_direct=True
+    )
+    data = os.urandom(8 * WRITE_PIECE)
+    store.put_sync("compacted/large", data, if_absent=True)
+    monkeypatch.undo()
+    assert slept == [0.25] * 7
+    assert store.get_sync("compacted/large") == data
