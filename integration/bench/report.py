@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 # (workload, figure, label, higher is better)
+WITHOUT_WORKERS = "broker CPU s/GB without compaction's workers"
 ROWS: list[tuple[str, str, str, bool]] = []
 PRODUCE_WORKLOADS = (
     "produce-1p-1x-none",
@@ -27,6 +28,7 @@ for _w in PRODUCE_WORKLOADS:
         (_w, "p99_ms", "produce p99 ms", False),
         (_w, "max_ms", "produce max ms", False),
         (_w, "broker_cpu_s_per_gb", "broker CPU s/GB", False),
+        (_w, "broker_cpu_s_per_gb_without_workers", WITHOUT_WORKERS, False),
     ]
 ROWS += [
     ("produce-1p-1x-none-half-load", "records_s", "records/s (capped at half the max)", True),
@@ -37,6 +39,7 @@ ROWS += [
     ("consume-1p", "mb_s", "MB/s", True),
     ("consume-1p", "records_s", "records/s", True),
     ("consume-1p", "broker_cpu_s_per_gb", "broker CPU s/GB", False),
+    ("consume-1p", "broker_cpu_s_per_gb_without_workers", WITHOUT_WORKERS, False),
     ("python-confluent-kafka", "produce_mb_s", "produce MB/s", True),
     ("python-confluent-kafka", "consume_mb_s", "consume MB/s", True),
     (
@@ -154,6 +157,7 @@ def main_tables(report: dict[str, Any]) -> list[str]:
         + (" | –" * len(others) if kafka else "")
         + " |"
     )
+    lines += whole_run_lines(report)
     lines += ["", "## Runs behind the medians", ""]
     lines += ["| workload | figure | " + " | ".join(systems) + " |"]
     lines.append("|" + "---|" * (2 + len(systems)))
@@ -173,6 +177,35 @@ def main_tables(report: dict[str, Any]) -> list[str]:
             if r:
                 lines.append(f"| {w} | " + " | ".join(fmt(r.get(f)) for f in COST_FIGURES) + " |")
         lines.append("")
+    return lines
+
+
+def whole_run_lines(report: dict[str, Any]) -> list[str]:
+    """Each system's CPU over its whole run (warm-up and every workload), and for
+    bucketlog the compaction workers' part of it per GB its agents took in."""
+    lines = []
+    for name, results in report["systems"].items():
+        whole = results.get("whole_run")
+        if not whole:
+            continue
+        line = f"- {name}: broker CPU over the whole run {whole['broker_cpu_s']:,.1f} s"
+        produced = whole.get("produced_gb")
+        if produced:
+            line += (
+                f"; {produced:,.2f} GB produced, {whole['broker_cpu_s'] / produced:.1f} s per"
+                f" GB; of it the compaction workers' {whole['workers_cpu_s']:,.1f} s"
+                f" ({whole['workers_cpu_s'] / produced:.1f} s per GB produced, writing"
+                f" {whole.get('compaction_written_gb', 0):,.2f} GB)"
+            )
+        lines.append(line + ".")
+    if lines:
+        lines = [
+            "",
+            "Whole run (the figures per workload count whatever the broker did in the"
+            " workload's window; compaction's workers rewrite data of earlier workloads):",
+            "",
+            *lines,
+        ]
     return lines
 
 

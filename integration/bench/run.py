@@ -99,14 +99,26 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds(root: int) -> float:
-    total = 0
+    return tree_cpu_split(root)[0]
+
+
+def tree_cpu_split(root: int) -> tuple[float, float]:
+    """CPU seconds of the process tree under root, and of it the seconds of its
+    multiprocessing children: a bucketlog agent's compaction workers (broker.workers),
+    which build level-1 and level-2 objects from data written before, in whatever
+    workload's window they run."""
+    total = workers = 0
     for pid in proc_tree(root):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLK_TCK
+        used = int(fields[11]) + int(fields[12])  # utime, stime
+        total += used
+        if b"multiprocessing" in cmdline:
+            workers += used
+    return total / CLK_TCK, workers / CLK_TCK
 
 
 def tree_peak_rss_mb(root: int) -> float:
@@ -315,7 +327,16 @@ class Bucketlog(System):
                 body = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            groups = ("pipeline", "store", "cache", "reader", "read_ahead", "metadata", "put_hedge")
+            groups = (
+                "pipeline",
+                "store",
+                "cache",
+                "reader",
+                "read_ahead",
+                "metadata",
+                "put_hedge",
+                "compaction",
+            )
             for group in groups:
                 for k, v in body.get(group, {}).items():
                     total[f"{group}.{k}"] = total.get(f"{group}.{k}", 0) + int(v)
@@ -770,17 +791,21 @@ def measure(
     Also the clients' CPU (this process and the tools it ran) and that of each process
     tree in `others` (name -> root pid, e.g. moto's server), each apart."""
     time.sleep(1.2)  # counters of the previous workload are on disk
-    before_cpu, before = tree_cpu_seconds(system.root_pid), system.counters()
+    (before_cpu, before_workers), before = tree_cpu_split(system.root_pid), system.counters()
     before_others = {name: tree_cpu_seconds(pid) for name, pid in (others or {}).items()}
     before_clients = client_cpu_seconds()
     start = time.monotonic()
     result: dict[str, Any] = fn()
     wall = time.monotonic() - start
-    cpu = tree_cpu_seconds(system.root_pid) - before_cpu
+    after_cpu, after_workers = tree_cpu_split(system.root_pid)
+    cpu, workers = after_cpu - before_cpu, after_workers - before_workers
     clients = client_cpu_seconds() - before_clients
     gb = megabytes / 1000
     result["broker_cpu_s"] = round(cpu, 2)
     result["broker_cpu_s_per_gb"] = round(cpu / gb, 1) if gb else None
+    # The same without the compaction workers' share (0 for Kafka, which has none).
+    result["broker_workers_cpu_s"] = round(workers, 2)
+    result["broker_cpu_s_per_gb_without_workers"] = round((cpu - workers) / gb, 1) if gb else None
     # Cores busy on average while the workload ran (1.0: one core all the time).
     result["broker_cores"] = round(cpu / wall, 2)
     result["client_cpu_s"] = round(clients, 2)
@@ -968,9 +993,23 @@ def bench_system(
             )
         record("end-to-end-1000-per-s", median_of(rs))
         results["peak_rss_mb"] = round(tree_peak_rss_mb(system.root_pid), 1)
+        results["whole_run"] = whole_run(system)
     finally:
         system.stop()
     return results
+
+
+def whole_run(system: System) -> dict[str, float]:
+    """The broker's CPU over its whole life so far, the compaction workers' part of it,
+    and (bucketlog) the bytes its agents took in and compaction wrote."""
+    total, workers = tree_cpu_split(system.root_pid)
+    out = {"broker_cpu_s": round(total, 1), "workers_cpu_s": round(workers, 1)}
+    time.sleep(1.2)  # the counters' last write is at most a second old
+    counters = system.counters()
+    if counters:
+        out["produced_gb"] = round(counters.get("pipeline.bytes", 0) / 1e9, 3)
+        out["compaction_written_gb"] = round(counters.get("compaction.bytes_written", 0) / 1e9, 3)
+    return out
 
 
 # -- the extra sections: agents pinned to cores, and the S3 store -------------------------
