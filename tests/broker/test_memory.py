@@ -96,3 +96,24 @@ def test_full_collections_are_counted_and_timed() -> None:
     stats = collections.stats()
     assert stats["full_collections"] == 2
     assert stats["full_collection_us"] >= stats["longest_full_collection_us"] > 0
+
+
+def test_the_frozen_objects_are_counted_once_when_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stats report the count taken at freeze_startup_heap; they do not walk the
+    frozen objects again each time they are read."""
+    import gc
+
+    from broker import memory
+
+    frozen = memory.freeze_startup_heap()
+    try:
+        assert frozen == gc.get_freeze_count() > 0
+
+        def walked() -> int:
+            raise AssertionError("the stats walked the frozen objects")
+
+        monkeypatch.setattr(gc, "get_freeze_count", walked)
+        assert memory.COLLECTIONS.stats()["frozen_objects"] == frozen
+    finally:
+        monkeypatch.undo()
+        gc.unfreeze()
