@@ -62,7 +62,7 @@ SYNC_PIECE = 2 << 20
 # p99; paced to 100 MB/s, 2.9 and 10.8 ms, to 200 MB/s 13.6-13.8 ms
 # (integration/bench/fsync_beside.py, two rounds of 20 s each).
 
-# A large object may be written with O_DIRECT instead (`large_writes_direct`, set in
+# A large object may be written with O_DIRECT (`large_writes_direct`, set in
 # compaction's worker processes): its bytes go from an aligned buffer to the disk, not
 # through the page cache. The kernel's copy into the page cache was 47% of a worker's CPU
 # (py-spy), and the dirty pages it left were what a flush's fsync waited behind: a 100 KB
@@ -270,10 +270,7 @@ def _write_direct(fd: int, data: bytes, *, bytes_per_s: float | None = None) -> 
             position = 0
             began = time.monotonic()
             while position < size:
-                if bytes_per_s and position:
-                    ahead = position / bytes_per_s - (time.monotonic() - began)
-                    if ahead > 0:
-                        time.sleep(ahead)
+                _keep_pace(position, began, bytes_per_s)
                 n = min(WRITE_PIECE, size - position)
                 aligned[:n] = view[position : position + n]
                 padded = -(-n // DIRECT_ALIGN) * DIRECT_ALIGN
@@ -303,10 +300,7 @@ def _write_all(
     total = 0
     began = time.monotonic()
     while view:
-        if bytes_per_s and total:
-            ahead = total / bytes_per_s - (time.monotonic() - began)
-            if ahead > 0:
-                time.sleep(ahead)
+        _keep_pace(total, began, bytes_per_s)
         written = os.write(fd, view[:WRITE_PIECE])
         view = view[written:]
         unsynced += written
@@ -314,6 +308,15 @@ def _write_all(
         if sync and unsynced >= SYNC_PIECE and view:
             os.fdatasync(fd)
             unsynced = 0
+
+
+def _keep_pace(written: int, began: float, bytes_per_s: float | None) -> None:
+    """Sleep until `written` bytes since `began` (time.monotonic) are no faster than
+    bytes_per_s (None: never sleep)."""
+    if bytes_per_s and written:
+        ahead = written / bytes_per_s - (time.monotonic() - began)
+        if ahead > 0:
+            time.sleep(ahead)
 
 
 def _read_file(path: str, key: str, start: int, end: int | None) -> bytes:

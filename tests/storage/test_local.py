@@ -198,12 +198,14 @@ async def test_large_objects_are_written_in_pieces(
     assert await local_store.get("ingest/large") == data
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
 def test_large_objects_are_written_no_faster_than_the_pace(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
     """With large_write_bytes_per_s, each piece of a large object waits until the pieces
-    before it had their time at that rate; small objects, and a store without the
-    setting, never wait. (The store's clock here moves only when it sleeps.)"""
+    before it had their time at that rate, written buffered or direct; small objects,
+    and a store without the setting, never wait. (The store's clock here moves only
+    when it sleeps.)"""
     clock = [0.0]
     slept: list[float] = []
 
@@ -214,7 +216,9 @@ def test_large_objects_are_written_no_faster_than_the_pace(
     monkeypatch.setattr(local.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(local.time, "sleep", sleep)
     rate = 4 * WRITE_PIECE  # bytes per second: four pieces a second
-    paced = LocalObjectStore(str(tmp_path / "paced"), large_write_bytes_per_s=rate)
+    paced = LocalObjectStore(
+        str(tmp_path / "paced"), large_write_bytes_per_s=rate, large_writes_direct=direct
+    )
     data = os.urandom(8 * WRITE_PIECE)
     paced.put_sync("compacted/large", data, if_absent=True)
     assert slept == [0.25] * 7, "pieces 2 to 8, each a quarter of a second after the one before"
@@ -222,7 +226,7 @@ def test_large_objects_are_written_no_faster_than_the_pace(
 
     slept.clear()
     paced.put_sync("ingest/small", os.urandom(SYNC_PIECE), if_absent=True)
-    unpaced = LocalObjectStore(str(tmp_path / "unpaced"))
+    unpaced = LocalObjectStore(str(tmp_path / "unpaced"), large_writes_direct=direct)
     unpaced.put_sync("compacted/large", data, if_absent=True)
     monkeypatch.undo()
     assert slept == []
@@ -293,23 +297,3 @@ def test_direct_writes_fall_back_where_the_file_system_refuses_them(
     monkeypatch.undo()
     assert store.get_sync("compacted/large") == data
     assert temp_files(tmp_path) == []
-
-
-def test_direct_large_writes_are_paced_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = [0.0]
-    slept: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        clock[0] += seconds
-
-    monkeypatch.setattr(local.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(local.time, "sleep", sleep)
-    store = LocalObjectStore(
-        str(tmp_path), large_write_bytes_per_s=4 * WRITE_PIECE, large_writes_direct=True
-    )
-    data = os.urandom(8 * WRITE_PIECE)
-    store.put_sync("compacted/large", data, if_absent=True)
-    monkeypatch.undo()
-    assert slept == [0.25] * 7
-    assert store.get_sync("compacted/large") == data
