@@ -1,11 +1,11 @@
 """How long a flush's small write and fsync takes beside a writer of large objects.
 
 `.venv/bin/python integration/bench/fsync_beside.py [--seconds 20] [--dir PATH]
-[--writer MODE ...] [--rounds 1] [--out FILE]` runs, in a folder on the disk under test
-(default: a temporary folder next to this checkout), a small writer that writes 100 KB
-to a new file and fsyncs it every 5 ms, as the agent's flushes do, and beside it a large
-writer that writes 64 MiB files one after the other, as compaction's jobs do, in one of
-these ways:
+[--writer MODE ...] [--delete HOW ...] [--rounds 1] [--out FILE]` runs, in a folder on
+the disk under test (default: a temporary folder next to this checkout), a small writer
+that writes 100 KB to a new file and fsyncs it every 5 ms, as the agent's flushes do,
+and beside it a large writer that writes 64 MiB files one after the other, as
+compaction's jobs do, in one of these ways:
 
 - `alone`: no large writer;
 - `sync-2m`: 1 MiB writes, fdatasync every 2 MiB, fsync at the end (the local store's
@@ -15,8 +15,15 @@ these ways:
   at the end;
 - `direct-NNNmbs`: the same, paced to NNN MB/s.
 
-For each mode it prints the small writer's p50, p99 and maximum per write-and-fsync and
-the large writer's MB/s. Each writer is a process of its own (as the agent and its
+How the large writer deletes each file when done (`--delete`, one or more):
+
+- `unlink`: at once, as a plain delete does;
+- `pieces`: unlinked, then its blocks freed 4 MiB at a time (ftruncate from its end),
+  as the local store deletes a large object (storage/local.py, DELETE_PIECE);
+- `keep`: not at all (the files stay until the mode's end).
+
+For each mode and deletion it prints the small writer's p50, p99 and maximum per
+write-and-fsync and the large writer's MB/s. Each writer is a process of its own (as the agent and its
 compaction worker are). A measurement, not a test.
 """
 
@@ -38,6 +45,8 @@ LARGE_BYTES = 64 << 20
 PIECE = 1 << 20
 SYNC_PIECE = 2 << 20
 MODES = ("alone", "sync-2m", "sync-2m-100mbs", "direct", "direct-100mbs")
+DELETES = ("unlink", "pieces", "keep")
+DELETE_PIECE = 4 << 20
 
 
 def _mode(value: str) -> str:
@@ -73,7 +82,23 @@ def _paced(written: int, began: float, rate: float | None) -> None:
             time.sleep(ahead)
 
 
-def large_writer(folder: str, mode: str, stop: multiprocessing.Event, out: multiprocessing.Queue) -> None:
+def _delete(path: str, how: str) -> None:
+    if how == "keep":
+        return
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.unlink(path)
+        size = os.fstat(fd).st_size
+        while how == "pieces" and size > DELETE_PIECE:
+            size -= DELETE_PIECE
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def large_writer(
+    folder: str, mode: str, delete: str, stop: multiprocessing.Event, out: multiprocessing.Queue
+) -> None:
     rate = float(mode.rsplit("-", 1)[1].removesuffix("mbs")) * 1e6 if mode.endswith("mbs") else None
     direct = mode.startswith("direct")
     payload = os.urandom(PIECE)
@@ -98,17 +123,19 @@ def large_writer(folder: str, mode: str, stop: multiprocessing.Event, out: multi
                 break
         os.fsync(fd)
         os.close(fd)
-        os.unlink(path)
+        _delete(path, delete)
         n += 1
     out.put(total / (time.monotonic() - began) / 1e6)
 
 
-def run_mode(folder: str, mode: str, seconds: float) -> dict[str, float | str]:
+def run_mode(folder: str, mode: str, seconds: float, delete: str) -> dict[str, float | str]:
     results: multiprocessing.Queue = multiprocessing.Queue()
     stop = multiprocessing.Event()
     large = None
     if mode != "alone":
-        large = multiprocessing.Process(target=large_writer, args=(folder, mode, stop, results))
+        large = multiprocessing.Process(
+            target=large_writer, args=(folder, mode, delete, stop, results)
+        )
         large.start()
         time.sleep(1.0)
     small_results: multiprocessing.Queue = multiprocessing.Queue()
@@ -121,8 +148,11 @@ def run_mode(folder: str, mode: str, seconds: float) -> dict[str, float | str]:
         stop.set()
         mbs = results.get()
         large.join()
+    for name in os.listdir(folder):  # what `keep` kept
+        os.unlink(os.path.join(folder, name))
     return {
         "mode": mode,
+        **({"delete": delete} if large is not None else {}),
         "fsyncs": len(times),
         "p50_ms": round(statistics.median(times), 2),
         "p99_ms": round(times[int(len(times) * 0.99)], 2),
@@ -136,6 +166,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--dir", default=str(Path(__file__).resolve().parents[2]))
     parser.add_argument("--writer", action="append", type=_mode)
+    parser.add_argument("--delete", action="append", choices=DELETES)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -144,10 +175,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fsync-beside-", dir=args.dir) as folder:
         for round_ in range(args.rounds):
             for mode in modes:
-                row = run_mode(folder, mode, args.seconds)
-                row["round"] = round_ + 1
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                deletes = ["unlink"] if mode == "alone" else args.delete or ["unlink"]
+                for delete in deletes:
+                    row = run_mode(folder, mode, args.seconds, delete)
+                    row["round"] = round_ + 1
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
 

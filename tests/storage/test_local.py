@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import anyio
 import pytest
 
 from storage import local
-from storage.local import SYNC_PIECE, TEMP_PREFIX, WRITE_PIECE, LocalObjectStore
+from storage.local import DELETE_PIECE, SYNC_PIECE, TEMP_PREFIX, WRITE_PIECE, LocalObjectStore
 from storage.objectstore import ObjectNotFoundError, ObjectStoreError
 
 RACE_KEYS = 200
@@ -297,3 +298,88 @@ def test_direct_writes_fall_back_where_the_file_system_refuses_them(
     monkeypatch.undo()
     assert store.get_sync("compacted/large") == data
     assert temp_files(tmp_path) == []
+
+
+def _recording_truncates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    real = os.ftruncate
+
+    def ftruncate(fd: int, size: int) -> None:
+        sizes.append(size)
+        real(fd, size)
+
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    return sizes
+
+
+async def test_a_large_object_is_freed_a_piece_at_a_time(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deleted object over DELETE_PIECE is gone by name at once, and its blocks are
+    given back DELETE_PIECE at a time (one ftruncate each, from its end); a small one is
+    only unlinked."""
+    size = 3 * DELETE_PIECE + 12345
+    await local_store.put("compacted/large", os.urandom(size), if_absent=True)
+    await local_store.put("ingest/small", os.urandom(DELETE_PIECE), if_absent=True)
+    sizes = _recording_truncates(monkeypatch)
+    await local_store.delete("compacted/large")
+    assert sizes == [size - DELETE_PIECE, size - 2 * DELETE_PIECE, size - 3 * DELETE_PIECE]
+    sizes.clear()
+    await local_store.delete("ingest/small")
+    await local_store.delete("ingest/small")  # idempotent
+    assert sizes == []
+    assert all_files(Path(local_store.root)) == []
+    for key in ("compacted/large", "ingest/small"):
+        with pytest.raises(ObjectNotFoundError):
+            await local_store.get(key)
+
+
+async def test_an_open_range_stream_reads_a_deleted_large_object_whole(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range stream opened before the delete reads every byte after it: the object is
+    unlinked, never truncated under the stream."""
+    data = os.urandom(2 * DELETE_PIECE + 777)
+    await local_store.put("compacted/large", data, if_absent=True)
+    stream = local_store.open_range_stream("compacted/large", 5)
+    try:
+        sizes = _recording_truncates(monkeypatch)
+        await local_store.delete("compacted/large")
+        assert sizes == []
+        assert all_files(Path(local_store.root)) == []
+        assert stream.read(len(data)) == data[5:]
+    finally:
+        stream.close()
+
+
+async def test_a_large_object_being_deleted_is_not_found_by_a_new_stream(
+    local_store: LocalObjectStore,
+) -> None:
+    """A stream that opens the file while a delete holds it (its exclusive lock, taken
+    before the pieces are freed) is told the object is gone, not given a shrinking file."""
+    await local_store.put("compacted/large", os.urandom(DELETE_PIECE + 1), if_absent=True)
+    fd = os.open(Path(local_store.root) / "compacted" / "large", os.O_WRONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ObjectNotFoundError, match="being deleted"):
+            local_store.open_range_stream("compacted/large", 0)
+    finally:
+        os.close(fd)
+    stream = local_store.open_range_stream("compacted/large", 0)
+    stream.close()
+
+
+async def test_a_read_of_an_object_freed_under_it_is_not_found(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A get whose file shrinks while it reads (a delete freeing it) answers that the
+    object is gone rather than returning fewer bytes than the range."""
+    await local_store.put("compacted/large", os.urandom(1000), if_absent=True)
+    real = os.pread
+
+    def shrinking(fd: int, n: int, offset: int) -> bytes:
+        return real(fd, min(n, 100), offset) if offset < 100 else b""
+
+    monkeypatch.setattr(os, "pread", shrinking)
+    with pytest.raises(ObjectNotFoundError, match="deleted while read"):
+        await local_store.get("compacted/large", 0, 1000)
