@@ -112,6 +112,7 @@ class Agent:
             flush_bytes=config.resolved_flush_bytes,
             # An object the orphan sweep may delete must never be committed after.
             max_commit_delay_ms=config.orphan_min_age_ms // 2,
+            flush_when_idle=config.is_local_store,
             hedge=self.hedge,
             meter=self.meter,
             topic_name=self.topic_name_of,

@@ -1,7 +1,10 @@
 """The produce pipeline: buffer, one object per flush, one metadata commit, then the acks.
 
 Batches from every connection and partition collect in one buffer. A flush starts when
-the buffer holds `flush_bytes` or its oldest batch has waited `flush_interval_ms`. Each
+the buffer holds `flush_bytes` or its oldest batch has waited `flush_interval_ms`, and,
+with `flush_when_idle` (the local store's), as soon as no flush is in flight: a batch
+reaching an idle pipeline goes at once, and those that arrive while flushes upload and
+commit go together when the last of them is answered (or the interval ends). Each
 flush uploads one ingest file (if-absent) in a worker thread and then waits for its
 commit. Uploads may overlap; commits happen strictly in flush order, so a producer's
 pipelined requests keep their order. No batch is answered before its object is durable
@@ -106,6 +109,7 @@ class IngestPipeline:
         flush_bytes: int,
         max_concurrent_flushes: int = MAX_CONCURRENT_FLUSHES,
         max_commit_delay_ms: int | None = None,
+        flush_when_idle: bool = False,
         hedge: HedgedPuts | None = None,
         meter: Meter | None = None,
         topic_name: Callable[[bytes], str] = bytes.hex,
@@ -128,7 +132,9 @@ class IngestPipeline:
         self._buffered_bytes = 0
         self._oldest = 0.0
         self._arrived = anyio.Event()
-        self._full = anyio.Event()
+        self._full = anyio.Event()  # the buffer holds flush_bytes, or no flush is in flight
+        self._flush_when_idle = flush_when_idle
+        self._flushes_in_flight = 0  # flushes started and not yet answered
         # Flush order: run() numbers flushes; the committer commits them in that order.
         self._next_flush = 0
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
@@ -181,6 +187,8 @@ class IngestPipeline:
                 await self._arrived.wait()
                 deadline = self._oldest + self._interval
                 while self._buffered_bytes < self._flush_bytes:
+                    if self._flush_when_idle and not self._flushes_in_flight:
+                        break
                     remaining = deadline - anyio.current_time()
                     if remaining <= 0:
                         break
@@ -192,6 +200,7 @@ class IngestPipeline:
                 self._arrived = anyio.Event()
                 self._full = anyio.Event()
                 seq, self._next_flush = self._next_flush, self._next_flush + 1
+                self._flushes_in_flight += 1
                 tg.start_soon(self._flush, items, seq)
 
     async def _flush(self, items: list[_Queued], seq: int) -> None:
@@ -232,6 +241,9 @@ class IngestPipeline:
             if seq not in self._uploaded and seq >= self._next_commit:
                 self._hand_over(seq, None)  # cancelled: do not hold back the others
             self._flush_slots.release()
+            self._flushes_in_flight -= 1
+            if self._flush_when_idle and not self._flushes_in_flight and self._buffer:
+                self._full.set()  # what waits for a flush goes now
         touched = set()
         for item, result in zip(items, results, strict=True):
             item.promise.set(result)

@@ -299,3 +299,54 @@ def test_fault_points_parse_names_and_the_time_they_fire() -> None:
     for bad in ("x@", "x@0", "x@two"):
         with pytest.raises(ValueError, match="name@n"):
             faults.parse(bad)
+
+
+async def test_with_flush_when_idle_a_batch_reaching_an_idle_pipeline_goes_at_once(
+    setup: Setup,
+) -> None:
+    """With nothing in flight, a batch does not wait for the flush interval (an hour
+    here); a pipeline without flush_when_idle keeps it for the interval."""
+    idle = setup.pipeline(flush_interval_ms=3_600_000, flush_when_idle=True)
+    waiting = setup.pipeline(flush_interval_ms=300)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(idle.run)
+        tg.start_soon(waiting.run)
+        with anyio.fail_after(30):
+            result = await idle.append(setup.topic.topic_id, 0, *batch(b"now"))
+        assert result.error == ErrorCode.none and idle.stats.flushes == 1
+        began = anyio.current_time()
+        result = await waiting.append(setup.topic.topic_id, 1, *batch(b"later"))
+        assert result.error == ErrorCode.none
+        assert anyio.current_time() - began >= 0.3, "kept for the flush interval"
+        tg.cancel_scope.cancel()
+
+
+async def test_with_flush_when_idle_batches_wait_for_the_flush_in_flight_then_go_together(
+    setup: Setup,
+) -> None:
+    """Batches that arrive while a flush is uploading go out in one flush as soon as it
+    is answered, not each alone."""
+    uploading = threading.Event()
+    release = threading.Event()
+
+    def first_upload_waits(n: int) -> None:
+        if n == 1:
+            uploading.set()
+            release.wait(10)
+
+    setup.store.before_put = first_upload_waits
+    pipeline = setup.pipeline(flush_interval_ms=3_600_000, flush_when_idle=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        first = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"first"))
+        assert await anyio.to_thread.run_sync(uploading.wait, 10)
+        later = [pipeline.enqueue(setup.topic.topic_id, p, *batch(b"b%d" % p)) for p in range(3)]
+        await anyio.sleep(0.05)
+        assert pipeline.stats.flushes == 0, "the later batches wait for the flush in flight"
+        release.set()
+        with anyio.fail_after(30):
+            results = [await p.wait() for p in [first, *later]]
+        tg.cancel_scope.cancel()
+    assert all(r.error == ErrorCode.none for r in results)
+    assert pipeline.stats.flushes == 2 and setup.store.stats["puts"] == 2
+    assert setup.values(0) == [b"first-0", b"b0-0"]
