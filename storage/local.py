@@ -79,9 +79,9 @@ DIRECT_ALIGN = 4096  # offset, length and buffer address of an O_DIRECT write
 # (ftruncate, from its end) after its name is gone, not all at once by the unlink. On
 # ext4 mounted with `discard` (as this machine's disk is) the blocks a journal commit
 # frees are discarded in that commit, and every fsync waits for it: a 100 KB write and
-# fsync every 5 ms took p99 17.6-19.2 ms beside a writer of 64 MiB O_DIRECT files that
-# unlinked each one when done, 3.7-8.2 ms when each was truncated in 4 MiB steps first,
-# and 2.4-5.9 ms when none was deleted (integration/bench/fsync_beside.py, two rounds of
+# fsync every 5 ms took p99 18.0-21.1 ms beside a writer of 64 MiB O_DIRECT files that
+# unlinked each one when done, 4.5-10.9 ms when each was then truncated in 4 MiB steps
+# (integration/bench/fsync_beside.py --delete unlink --delete pieces, four rounds of
 # 10 s each). A range stream takes a shared lock (flock) on its file; a file so locked
 # is only unlinked, so that the stream still reads every byte, and a stream that finds
 # the file locked for deletion answers that the object is gone.
