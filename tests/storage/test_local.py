@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -206,15 +207,22 @@ def test_large_objects_are_written_no_faster_than_the_pace(
     """With large_write_bytes_per_s, each piece of a large object waits until the pieces
     before it had their time at that rate, written buffered or direct; small objects,
     and a store without the setting, never wait. (The store's clock here moves only
-    when it sleeps.)"""
+    when it sleeps; other threads of the process keep the real clock and sleep.)"""
     clock = [0.0]
     slept: list[float] = []
+    here = threading.get_ident()
+    real_sleep, real_monotonic = time.sleep, time.monotonic
 
     def sleep(seconds: float) -> None:
+        if threading.get_ident() != here:
+            return real_sleep(seconds)
         slept.append(seconds)
         clock[0] += seconds
 
-    monkeypatch.setattr(local.time, "monotonic", lambda: clock[0])
+    def monotonic() -> float:
+        return clock[0] if threading.get_ident() == here else real_monotonic()
+
+    monkeypatch.setattr(local.time, "monotonic", monotonic)
     monkeypatch.setattr(local.time, "sleep", sleep)
     rate = 4 * WRITE_PIECE  # bytes per second: four pieces a second
     paced = LocalObjectStore(
