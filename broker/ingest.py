@@ -126,7 +126,10 @@ class IngestPipeline:
         self._interval = flush_interval_ms / 1000
         self._flush_bytes = flush_bytes
         self._max_commit_delay = None if max_commit_delay_ms is None else max_commit_delay_ms / 1000
-        self._flush_slots = anyio.Semaphore(max_concurrent_flushes)
+        # Held by each flush from its start until it is answered.
+        self._flush_slots = anyio.Semaphore(
+            max_concurrent_flushes, max_value=max_concurrent_flushes
+        )
         self._clock = clock
         self._buffer: list[_Queued] = []
         self._buffered_bytes = 0
@@ -134,7 +137,6 @@ class IngestPipeline:
         self._arrived = anyio.Event()
         self._full = anyio.Event()  # the buffer holds flush_bytes, or no flush is in flight
         self._flush_when_idle = flush_when_idle
-        self._flushes_in_flight = 0  # flushes started and not yet answered
         # Flush order: run() numbers flushes; the committer commits them in that order.
         self._next_flush = 0
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
@@ -142,6 +144,10 @@ class IngestPipeline:
         self._next_commit = 0
         self._threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self.stats = PipelineStats()
+
+    @property
+    def _no_flush_in_flight(self) -> bool:
+        return self._flush_slots.value == self._flush_slots.max_value
 
     @property
     def buffered_bytes(self) -> int:
@@ -187,7 +193,7 @@ class IngestPipeline:
                 await self._arrived.wait()
                 deadline = self._oldest + self._interval
                 while self._buffered_bytes < self._flush_bytes:
-                    if self._flush_when_idle and not self._flushes_in_flight:
+                    if self._flush_when_idle and self._no_flush_in_flight:
                         break
                     remaining = deadline - anyio.current_time()
                     if remaining <= 0:
@@ -200,7 +206,6 @@ class IngestPipeline:
                 self._arrived = anyio.Event()
                 self._full = anyio.Event()
                 seq, self._next_flush = self._next_flush, self._next_flush + 1
-                self._flushes_in_flight += 1
                 tg.start_soon(self._flush, items, seq)
 
     async def _flush(self, items: list[_Queued], seq: int) -> None:
@@ -241,8 +246,7 @@ class IngestPipeline:
             if seq not in self._uploaded and seq >= self._next_commit:
                 self._hand_over(seq, None)  # cancelled: do not hold back the others
             self._flush_slots.release()
-            self._flushes_in_flight -= 1
-            if self._flush_when_idle and not self._flushes_in_flight and self._buffer:
+            if self._flush_when_idle and self._no_flush_in_flight and self._buffer:
                 self._full.set()  # what waits for a flush goes now
         touched = set()
         for item, result in zip(items, results, strict=True):
