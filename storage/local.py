@@ -424,13 +424,12 @@ def _delete_file(path: str) -> None:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            size = os.fstat(fd).st_size
         except BlockingIOError:  # a range stream reads it: the unlink leaves it its bytes
-            _unlink(path)
-            return
+            size = 0
         _unlink(path)
         # Nameless now, and locked against any stream that opened it just before: its
         # blocks are freed a piece at a time (DELETE_PIECE).
-        size = os.fstat(fd).st_size
         while size > DELETE_PIECE:
             size -= DELETE_PIECE
             os.ftruncate(fd, size)

@@ -18,8 +18,8 @@ compaction's jobs do, in one of these ways:
 How the large writer deletes each file when done (`--delete`, one or more):
 
 - `unlink`: at once, as a plain delete does;
-- `pieces`: unlinked, then its blocks freed 4 MiB at a time (ftruncate from its end),
-  as the local store deletes a large object (storage/local.py, DELETE_PIECE);
+- `pieces`: by the local store's own delete (storage/local.py): unlinked, then its
+  blocks freed 4 MiB at a time (ftruncate from its end);
 - `keep`: not at all (the files stay until the mode's end).
 
 For each mode and deletion it prints the small writer's p50, p99 and maximum per
@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from storage import local
+
 SMALL_BYTES = 100_000
 SMALL_EVERY_S = 0.005
 LARGE_BYTES = 64 << 20
@@ -46,7 +48,6 @@ PIECE = 1 << 20
 SYNC_PIECE = 2 << 20
 MODES = ("alone", "sync-2m", "sync-2m-100mbs", "direct", "direct-100mbs")
 DELETES = ("unlink", "pieces", "keep")
-DELETE_PIECE = 4 << 20
 
 
 def _mode(value: str) -> str:
@@ -83,17 +84,10 @@ def _paced(written: int, began: float, rate: float | None) -> None:
 
 
 def _delete(path: str, how: str) -> None:
-    if how == "keep":
-        return
-    fd = os.open(path, os.O_WRONLY)
-    try:
+    if how == "unlink":
         os.unlink(path)
-        size = os.fstat(fd).st_size
-        while how == "pieces" and size > DELETE_PIECE:
-            size -= DELETE_PIECE
-            os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
+    elif how == "pieces":
+        local._delete_file(path)  # the local store's own delete
 
 
 def large_writer(
