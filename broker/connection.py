@@ -1,18 +1,18 @@
 """One client connection: frames in, requests handled in order, answers out in order.
 
 Per connection, one task reads frames continuously and starts a handler task for each
-request; another task writes the answers strictly in request order. The handler tasks
-are the event loop's own tasks, not a task group's (an anyio task costs a cancel scope
-and several loop lookups, per request): the connection cancels those still running when
-it ends. A connection's
-requests take effect in the order they were sent, as in Kafka: each request starts once
-the one before it has ended its turn (`broker.sync.Turn`), which a request does when its
-answer is ready or when it parks after taking effect (a Produce once its batches are
-queued for a flush, a Fetch once it waits for data). So a Produce waiting for its flush
-never holds back the next request, while an EndTxn never overtakes the AddPartitionsToTxn
-sent before it. A JoinGroup or SyncGroup holds its turn until it is answered, as a Kafka
-connection does. At most `MAX_IN_FLIGHT` requests per connection are pending; past that,
-reading pauses.
+request; another task writes the answers strictly in request order, those that are ready
+together in one write (a flush answers all the Produce requests it holds at once). The
+handler tasks are the event loop's own tasks, not a task group's (an anyio task costs a
+cancel scope and several loop lookups, per request): the connection cancels those still
+running when it ends. A connection's requests take effect in the order they were sent,
+as in Kafka: each request starts once the one before it has ended its turn
+(`broker.sync.Turn`), which a request does when its answer is ready or when it parks
+after taking effect (a Produce once its batches are queued for a flush, a Fetch once it
+waits for data). So a Produce waiting for its flush never holds back the next request,
+while an EndTxn never overtakes the AddPartitionsToTxn sent before it. A JoinGroup or
+SyncGroup holds its turn until it is answered, as a Kafka connection does. At most
+`MAX_IN_FLIGHT` requests per connection are pending; past that, reading pauses.
 
 Every frame holds its size of the agent's request memory (`broker.memory.RequestMemory`)
 from the moment its size prefix arrives until its request is answered; while the memory
@@ -512,8 +512,19 @@ class _Connection:
     async def writer(
         self, pending: MemoryObjectReceiveStream[_Answer], scope: anyio.CancelScope
     ) -> None:
+        """Write the answers in request order. Answers that are ready together (a flush
+        answers every Produce of the connection it holds) go out in one write: one
+        system call, and fewer packets for the client to take."""
         async with pending:
-            async for answer in pending:
+            following: _Answer | None = None  # taken from pending, not yet written
+            while True:
+                if following is not None:
+                    answer, following = following, None
+                else:
+                    try:
+                        answer = await pending.receive()
+                    except anyio.EndOfStream:
+                        return
                 self.answering = answer
                 try:
                     data = await answer.frame.wait()
@@ -525,6 +536,8 @@ class _Connection:
                     return
                 last = data if isinstance(data, _Last) else None
                 frame = last.frame if last is not None else cast(Frame | None, data)
+                if last is None:
+                    frame, following = _with_ready(frame, pending)
                 if frame is not None:
                     try:
                         await send_frame(self.stream, frame)
@@ -539,6 +552,28 @@ class _Connection:
                     scope.cancel()
                     return
                 self.answering = None
+
+
+def _with_ready(
+    frame: Frame | None, pending: MemoryObjectReceiveStream[_Answer]
+) -> tuple[Frame | None, _Answer | None]:
+    """`frame` followed by the parts of the answers queued after it that are ready
+    already, up to the first that is not ready, fails (closes the connection) or is the
+    connection's last; that one is returned to be written on its own."""
+    parts = frame
+    while True:
+        try:
+            answer = pending.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            return parts, None
+        promise = answer.frame
+        if not promise.done() or promise.failed():
+            return parts, answer
+        data = promise.value()
+        if isinstance(data, _Last):
+            return parts, answer
+        if data is not None:
+            parts = data if parts is None else parts + data
 
 
 @dataclass(frozen=True, slots=True)

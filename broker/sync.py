@@ -107,6 +107,14 @@ class Promise(Generic[T]):
     def done(self) -> bool:
         return self._flag.is_set()
 
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def value(self) -> T:
+        """The value of a promise that is done and did not fail."""
+        assert self.done() and not self.failed()
+        return self._value  # type: ignore[return-value]
+
     async def wait(self) -> T:
         await self._flag.wait()
         return self._result()
