@@ -61,6 +61,11 @@ TRANSACTION_CHECK_SECONDS = 1.0
 # agents this one names, long before its lease runs out (`peer_probe_loop`).
 PEER_PROBE_SECONDS = 0.25
 PEER_PROBE_TIMEOUT_SECONDS = 0.2
+# An agent about to name only other agents to a client (a zoned client that reached an
+# agent outside its zone, or a coordinator elsewhere) tries their ports first unless
+# they answered a probe this recently (`confirm_peers`): a client told only of an agent
+# killed a moment ago has nowhere left to ask.
+PEER_CONFIRM_SECONDS = 0.05
 # How recent the view of the live agents must be for lightning partitions to be answered
 # (Agent.view_fresh), at least; a new leader waits SETTLE_S - VIEW_FRESH_SECONDS longer.
 VIEW_FRESH_SECONDS = 1.0
@@ -168,6 +173,8 @@ class Agent:
         self._live_read_at = 0.0
         self._refusing: set[tuple[int, str, int]] = set()  # (node id, host, port)
         self._probed_at = 0.0  # time.monotonic() when the last full probe round began
+        # When the last probe of each peer with an answer (refused or accepted) began.
+        self._peer_probed: dict[tuple[int, str, int], float] = {}
         # False while the metadata store is unreachable (a lease renewal failed); with
         # --ripcord the agent then answers from what it remembers (broker.ripcord).
         self.metadata_reachable = True
@@ -494,20 +501,46 @@ class Agent:
         """Try a connection to every other live agent's port each PEER_PROBE_SECONDS; an
         agent whose port refuses it is left out of `live_agents` until it accepts one
         again. A refusal says for certain that no process listens there; anything else
-        (a timeout, an unreachable host) is left to the lease."""
+        (a timeout, an unreachable host) is left to the lease, and leaves what the last
+        answered probe said."""
         while True:
             await anyio.sleep(PEER_PROBE_SECONDS)
             began = time.monotonic()
-            refusing = set()
-            for peer in self.live:
-                if peer.node_id == self.node_id:
-                    continue
-                if await _refuses(peer.host, peer.port):
-                    refusing.add((peer.node_id, peer.host, peer.port))
-            for node_id, host, port in refusing - self._refusing:
-                logger.info("agent %d (%s:%d) refuses connections: left out", node_id, host, port)
-            self._refusing = refusing
+            peers = {(a.node_id, a.host, a.port) for a in self.live}
+            for peer in peers:
+                if peer[0] != self.node_id:
+                    await self._probe(peer)
+            if not self._refusing <= peers:  # gone from the leases too
+                self._refusing = self._refusing & peers
+            for gone in self._peer_probed.keys() - peers:
+                del self._peer_probed[gone]
             self._probed_at = began
+
+    async def confirm_peers(self, agents: Iterable[AgentInfo]) -> None:
+        """Probe those of `agents` (other than this one) that no probe answered within
+        PEER_CONFIRM_SECONDS: one that refuses is left out of `live_agents` at once,
+        instead of at the next probe round. For an answer that names only other agents
+        (a zoned client that reached an agent outside its zone, a coordinator
+        elsewhere)."""
+        now = time.monotonic()
+        for a in agents:
+            peer = (a.node_id, a.host, a.port)
+            if a.node_id != self.node_id and now - self._peer_probed.get(peer, 0.0) >= (
+                PEER_CONFIRM_SECONDS
+            ):
+                await self._probe(peer)
+
+    async def _probe(self, peer: tuple[int, str, int]) -> None:
+        began = time.monotonic()
+        refused = await _refuses(peer[1], peer[2])
+        if refused is None or self._peer_probed.get(peer, 0.0) > began:
+            return  # no answer, or a later probe's answer is in already
+        self._peer_probed[peer] = began
+        if refused and peer not in self._refusing:
+            logger.info("agent %d (%s:%d) refuses connections: left out", *peer)
+            self._refusing = self._refusing | {peer}
+        elif not refused and peer in self._refusing:
+            self._refusing = self._refusing - {peer}
 
     def view_fresh(self) -> bool:
         """Whether the live agents were read from the store, and every peer probed,
@@ -600,16 +633,20 @@ class Agent:
         return placement.leader_for(topic_id, partition, self.live_agents()).node_id
 
 
-async def _refuses(host: str, port: int) -> bool:
+async def _refuses(host: str, port: int) -> bool | None:
+    """Whether a connection to host:port is refused; None when neither refused nor
+    accepted within PEER_PROBE_TIMEOUT_SECONDS (an event loop held up answers late)."""
     try:
         with anyio.fail_after(PEER_PROBE_TIMEOUT_SECONDS):
             stream = await anyio.connect_tcp(host, port)
     except TimeoutError:
-        return False
+        return None
     except OSError as exc:  # anyio gives the refusal as the cause of its own error
-        return isinstance(exc, ConnectionRefusedError) or isinstance(
+        if isinstance(exc, ConnectionRefusedError) or isinstance(
             exc.__cause__, ConnectionRefusedError
-        )
+        ):
+            return True
+        return None  # unreachable, or another failure: no answer either way
     # Connecting to a port of the ephemeral range that nothing listens on may connect
     # the socket to itself (TCP simultaneous open): nobody is there.
     local = stream.extra(anyio.abc.SocketAttribute.local_address)

@@ -70,6 +70,9 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     if key_type in (GROUP, TRANSACTION):
         allowed = [k for k in keys if refusals[k] is None]
         await agent.claim_homes(key_type, allowed, ctx.client_zone)
+        # A coordinator elsewhere is named only once it does not refuse connections.
+        named = {agent.coordinator_for(k, key_type) for k in allowed}
+        await agent.confirm_peers(named)
     answers = [refusals[k] or _answer(agent, key_type, k, ctx.listener) for k in keys]
     if ctx.api_version >= 4:
         return build(response_class(request), {"throttle_time": 0, "coordinators": answers})

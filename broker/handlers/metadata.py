@@ -107,6 +107,12 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     )
 
     zone = ctx.client_zone
+    if zone is not None:
+        serving = agent.serving_agents(zone)
+        if all(a.node_id != agent.node_id for a in serving):
+            # A client of another zone, bootstrapping or sent here because its zone's
+            # agents are gone: the agents named must not include one just killed.
+            await agent.confirm_peers(serving)
 
     def entry(topic: topics_layer.Topic) -> dict[str, Any]:
         if checked and with_topic_ops:

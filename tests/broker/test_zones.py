@@ -3,6 +3,7 @@ leaders and coordinators within a zone, home zones, and the requests-by-zone cou
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -351,3 +352,121 @@ def test_client_zones_past_the_limit_are_counted_together() -> None:
     assert len(counted) == CLIENT_ZONE_LABELS + 1
     assert counted["a", OTHER_ZONE, "Metadata"] == 10
     assert counted["a", "made-up-0", "Metadata"] == 2
+
+
+# -- an agent killed a moment ago is not the only one named --------------------------------
+
+
+@dataclass
+class _Ctx:
+    """A request's context as the handlers read it."""
+
+    agent: Any
+    client_zone: str | None
+    api_version: int
+    client_id: str | None = "app,bucketlog_az=b"
+    principal: str = "User:ANONYMOUS"
+    peer: str = "127.0.0.1:50000"
+    listener: str = "PLAINTEXT"
+    session: Any = None
+    correlation_id: int = 1
+
+    def end_turn(self) -> None:
+        pass
+
+
+def _peers_one_dead(agent: Any, listening: socket.socket) -> list[AgentInfo]:
+    """This agent (node 0, zone a); node 1 of zone b, whose port nothing listens on (as
+    after a kill -9 before its lease ran out); node 2 of zone c, listening."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    live = [
+        AgentInfo(0, "127.0.0.1", agent.config.port, "a", 2**62),
+        AgentInfo(1, "127.0.0.1", dead_port, "b", 2**62),
+        AgentInfo(2, "127.0.0.1", listening.getsockname()[1], "c", 2**62),
+    ]
+
+    def register(tr: Any) -> None:
+        tr.clear_range(*agent.sub.range(keys.AGENT))
+        for info in live:
+            cluster.renew_lease(tr, agent.sub, info)
+
+    agent.kv.transact_sync(register)
+    agent.live = live
+    return live
+
+
+@pytest.fixture
+def listening():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)  # the kernel accepts probes into the backlog
+        yield s
+
+
+def test_a_zoned_client_elsewhere_is_not_sent_only_to_its_zones_dead_agent(
+    agent, listening
+) -> None:
+    from broker.handlers.metadata import handle as metadata
+    from tests.e2e.wire import request
+
+    _peers_one_dead(agent, listening)
+    assert [a.node_id for a in agent.serving_agents("b")] == [1]  # as the leases say
+    answer = anyio.run(
+        metadata,
+        request(
+            3,
+            12,
+            topics=[],
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        ),
+        _Ctx(agent, "b", 12),
+    )
+    assert sorted(b.node_id for b in answer.brokers) == [0, 2]
+    # A client of the agent's own zone is answered without a probe.
+    assert [a.node_id for a in agent.serving_agents("a")] == [0]
+
+
+def test_a_coordinator_that_refuses_connections_is_not_named(agent, listening) -> None:
+    from broker.handlers.find_coordinator import handle as find_coordinator
+    from tests.e2e.wire import request
+
+    _peers_one_dead(agent, listening)
+
+    async def scenario() -> list[int]:
+        # Keys zone b's agent would coordinate, its zone their home.
+        wanted = [k for k in KEYS[:200] if agent.coordinator_for(k).node_id == 1][:3]
+        await agent.claim_homes(homes.GROUP, wanted, "b")
+        assert {agent.coordinator_for(k).node_id for k in wanted} == {1}
+        answer = await find_coordinator(
+            request(10, 4, key_type=0, coordinator_keys=wanted), _Ctx(agent, "b", 4)
+        )
+        return [c.node_id for c in answer.coordinators]
+
+    named = anyio.run(scenario)
+    assert len(named) == 3 and 1 not in named
+
+
+def test_a_probe_without_an_answer_leaves_what_the_last_answer_said(agent, monkeypatch) -> None:
+    import broker.agent as agent_module
+
+    live = set_live(agent, "a", "b")
+    answers = iter([True, None, None, False, None])
+    seen: list[bool] = []
+
+    async def refuses(host: str, port: int) -> bool | None:
+        return next(answers)
+
+    monkeypatch.setattr(agent_module, "_refuses", refuses)
+    monkeypatch.setattr(agent_module, "PEER_CONFIRM_SECONDS", 0.0)
+
+    async def scenario() -> None:
+        for _ in range(5):
+            await agent.confirm_peers(live)
+            seen.append(1 in {a.node_id for a in agent.live_agents()})
+
+    anyio.run(scenario)
+    # refused: out; timed out twice: still out; accepted: back; timed out: still back
+    assert seen == [False, False, False, True, True]
