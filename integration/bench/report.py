@@ -118,6 +118,11 @@ def markdown(report: dict[str, Any]) -> str:
             if s.get("warmup_records")
             else ""
         )
+        + (
+            f"; each system started after a sync and {s['settle_s']:g} s for the disk to settle"
+            if s.get("settle_s")
+            else ""
+        )
         + ". Clients, brokers and the machine's other load share the "
         f"same {m['nproc']} cores. Run took {report.get('duration_s', '?')} s.",
         "",

@@ -56,6 +56,12 @@ RECORD_SIZE = 1024
 BATCH_SIZE = 262144  # producer batch.size in bytes (the Java default is 16 KiB)
 LINGER_MS = 5
 TOOL_TIMEOUT = 180  # seconds any one tool run may take
+# Before each system of the main table starts: a sync, then this long for the disk to
+# settle. The system before it removed its folder on stopping, and on a file system
+# mounted with `discard` the freed blocks are discarded in the journal commits that
+# follow, which every fsync waits for: one agent started right after a Kafka run made
+# 12.1-69.8 MB/s on produce-1p, and 53.7-87.3 after a sync and 20 s (after_kafka.py).
+SETTLE_S = 20.0
 KAFKA_HEAP = "-Xmx1G -Xms1G"  # kafka-server-start.sh's default
 
 
@@ -892,6 +898,14 @@ class _Run:
         self.log(f"{self.system.name} {name}: " + json.dumps(shown))
 
 
+def settle_disk(log: Any) -> None:
+    """A sync, then SETTLE_S for what the last system freed to be discarded."""
+    began = time.monotonic()
+    os.sync()
+    log(f"sync took {time.monotonic() - began:.1f} s; settling for {SETTLE_S:g} s")
+    time.sleep(SETTLE_S)
+
+
 def bench_system(
     system: System, runs: int, scale: float, warm_up_records: int, log: Any
 ) -> dict[str, Any]:
@@ -899,6 +913,7 @@ def bench_system(
     mb = records * RECORD_SIZE / 1e6
     run = _Run(system, log)
     results, topic, record = run.results, run.topic, run.record
+    settle_disk(log)
     system.start()
     try:
         # Warm-up, not reported in the tables: a JVM broker compiles its hot paths during
@@ -1236,6 +1251,7 @@ def main() -> int:
             "records_per_produce_run": int(150_000 * args.scale),
             "runs": args.runs,
             "warmup_records": args.warmup,
+            "settle_s": SETTLE_S,
         },
         "systems": {},
     }
