@@ -37,7 +37,7 @@ from broker.memory import RequestMemory
 from broker.metrics import Meter
 from broker.readahead import ReadAhead
 from broker.ripcord import Snapshot
-from broker.sync import Notifier
+from broker.sync import Notifier, Promise
 from broker.workers import StoreSpec, WorkerPool
 from broker.zones import HOME_RECHECK_SECONDS, HomeZones
 from metadata import acls, cluster, keys, topics
@@ -173,8 +173,10 @@ class Agent:
         self._live_read_at = 0.0
         self._refusing: set[tuple[int, str, int]] = set()  # (node id, host, port)
         self._probed_at = 0.0  # time.monotonic() when the last full probe round began
-        # When the last probe of each peer with an answer (refused or accepted) began.
-        self._peer_probed: dict[tuple[int, str, int], float] = {}
+        # When the last try of each peer began, and whether it had an answer (refused or
+        # accepted); the tries under way.
+        self._peer_tried: dict[tuple[int, str, int], tuple[float, bool]] = {}
+        self._probing: dict[tuple[int, str, int], Promise[None]] = {}
         # False while the metadata store is unreachable (a lease renewal failed); with
         # --ripcord the agent then answers from what it remembers (broker.ripcord).
         self.metadata_reachable = True
@@ -506,41 +508,64 @@ class Agent:
         while True:
             await anyio.sleep(PEER_PROBE_SECONDS)
             began = time.monotonic()
+            for a in self.live:
+                if a.node_id != self.node_id:
+                    await self._probe((a.node_id, a.host, a.port))
+            # Forget the agents gone from the leases (as read now: the view may have been
+            # read again during the round).
             peers = {(a.node_id, a.host, a.port) for a in self.live}
-            for peer in peers:
-                if peer[0] != self.node_id:
-                    await self._probe(peer)
-            if not self._refusing <= peers:  # gone from the leases too
+            if not self._refusing <= peers:
                 self._refusing = self._refusing & peers
-            for gone in self._peer_probed.keys() - peers:
-                del self._peer_probed[gone]
+            for gone in self._peer_tried.keys() - peers:
+                del self._peer_tried[gone]
             self._probed_at = began
 
     async def confirm_peers(self, agents: Iterable[AgentInfo]) -> None:
-        """Probe those of `agents` (other than this one) that no probe answered within
-        PEER_CONFIRM_SECONDS: one that refuses is left out of `live_agents` at once,
-        instead of at the next probe round. For an answer that names only other agents
-        (a zoned client that reached an agent outside its zone, a coordinator
-        elsewhere)."""
+        """Probe those of `agents` (other than this one) not tried within
+        PEER_CONFIRM_SECONDS (PEER_PROBE_SECONDS after a try without an answer), all at
+        once: one that refuses is left out of `live_agents` now, instead of at the next
+        probe round. For an answer that names only other agents (a zoned client that
+        reached an agent outside its zone, a coordinator elsewhere). A peer is probed at
+        most once per PEER_CONFIRM_SECONDS however many requests ask; a request that
+        finds a probe of it under way waits for that one."""
         now = time.monotonic()
+        due = []
         for a in agents:
             peer = (a.node_id, a.host, a.port)
-            if a.node_id != self.node_id and now - self._peer_probed.get(peer, 0.0) >= (
-                PEER_CONFIRM_SECONDS
+            if a.node_id == self.node_id:
+                continue
+            tried = self._peer_tried.get(peer)
+            if tried is None or now - tried[0] >= (
+                PEER_CONFIRM_SECONDS if tried[1] else PEER_PROBE_SECONDS
             ):
-                await self._probe(peer)
+                due.append(peer)
+        if len(due) == 1:
+            await self._probe(due[0])
+        elif due:
+            async with anyio.create_task_group() as tg:
+                for peer in due:
+                    tg.start_soon(self._probe, peer)
 
     async def _probe(self, peer: tuple[int, str, int]) -> None:
-        began = time.monotonic()
-        refused = await _refuses(peer[1], peer[2])
-        if refused is None or self._peer_probed.get(peer, 0.0) > began:
-            return  # no answer, or a later probe's answer is in already
-        self._peer_probed[peer] = began
-        if refused and peer not in self._refusing:
-            logger.info("agent %d (%s:%d) refuses connections: left out", *peer)
-            self._refusing = self._refusing | {peer}
-        elif not refused and peer in self._refusing:
-            self._refusing = self._refusing - {peer}
+        """Try peer's port once (or wait for the try under way) and note what it said."""
+        under_way = self._probing.get(peer)
+        if under_way is not None:
+            await under_way.wait()
+            return
+        done: Promise[None] = Promise()
+        self._probing[peer] = done
+        try:
+            began = time.monotonic()
+            refused = await _refuses(peer[1], peer[2])
+            self._peer_tried[peer] = (began, refused is not None)
+            if refused and peer not in self._refusing:
+                logger.info("agent %d (%s:%d) refuses connections: left out", *peer)
+                self._refusing = self._refusing | {peer}
+            elif refused is False and peer in self._refusing:
+                self._refusing = self._refusing - {peer}
+        finally:
+            del self._probing[peer]
+            done.set(None)
 
     def view_fresh(self) -> bool:
         """Whether the live agents were read from the store, and every peer probed,
@@ -634,8 +659,9 @@ class Agent:
 
 
 async def _refuses(host: str, port: int) -> bool | None:
-    """Whether a connection to host:port is refused; None when neither refused nor
-    accepted within PEER_PROBE_TIMEOUT_SECONDS (an event loop held up answers late)."""
+    """Whether a connection to host:port is refused; None without an answer either way
+    within PEER_PROBE_TIMEOUT_SECONDS (a host that drops packets, an event loop held up
+    past it) or for another failure (an unreachable host)."""
     try:
         with anyio.fail_after(PEER_PROBE_TIMEOUT_SECONDS):
             stream = await anyio.connect_tcp(host, port)

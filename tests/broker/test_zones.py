@@ -405,28 +405,79 @@ def listening():
         yield s
 
 
-def test_a_zoned_client_elsewhere_is_not_sent_only_to_its_zones_dead_agent(
-    agent, listening
-) -> None:
+def _metadata(agent: Any, zone: str | None) -> Any:
     from broker.handlers.metadata import handle as metadata
     from tests.e2e.wire import request
 
-    _peers_one_dead(agent, listening)
+    asked = request(
+        3, 12, topics=[], allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )  # fmt: skip
+    return anyio.run(metadata, asked, _Ctx(agent, zone, 12))
+
+
+def _counting_probes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import broker.agent as agent_module
+
+    probed: list[int] = []  # the ports tried
+    real = agent_module._refuses
+
+    async def refuses(host: str, port: int) -> bool | None:
+        probed.append(port)
+        return await real(host, port)
+
+    monkeypatch.setattr(agent_module, "_refuses", refuses)
+    return probed
+
+
+def test_a_zoned_client_elsewhere_is_not_sent_only_to_its_zones_dead_agent(
+    agent, listening, monkeypatch
+) -> None:
+    live = _peers_one_dead(agent, listening)
+    probed = _counting_probes(monkeypatch)
+    # A client of the agent's own zone, or of none, is answered without a probe.
+    assert [b.node_id for b in _metadata(agent, "a").brokers] == [0]
+    assert [b.node_id for b in _metadata(agent, None).brokers] == [0, 1, 2]
+    assert probed == []
     assert [a.node_id for a in agent.serving_agents("b")] == [1]  # as the leases say
-    answer = anyio.run(
-        metadata,
-        request(
-            3,
-            12,
-            topics=[],
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        ),
-        _Ctx(agent, "b", 12),
-    )
-    assert sorted(b.node_id for b in answer.brokers) == [0, 2]
-    # A client of the agent's own zone is answered without a probe.
-    assert [a.node_id for a in agent.serving_agents("a")] == [0]
+    assert sorted(b.node_id for b in _metadata(agent, "b").brokers) == [0, 2]
+    assert probed == [live[1].port]
+    # Within PEER_CONFIRM_SECONDS the answer stands; zone c's agent is tried once.
+    assert [b.node_id for b in _metadata(agent, "c").brokers] == [2]
+    assert [b.node_id for b in _metadata(agent, "c").brokers] == [2]
+    assert probed == [live[1].port, live[2].port]
+
+
+def test_requests_that_find_a_probe_under_way_wait_for_it(agent, monkeypatch) -> None:
+    import broker.agent as agent_module
+
+    live = set_live(agent, "a", "b", "c")
+    tries: list[int] = []
+    release = anyio.Event()
+
+    async def refuses(host: str, port: int) -> bool | None:
+        tries.append(port)
+        await release.wait()
+        return port == live[1].port
+
+    monkeypatch.setattr(agent_module, "_refuses", refuses)
+
+    async def scenario() -> list[set[int]]:
+        seen: list[set[int]] = []
+
+        async def ask() -> None:
+            await agent.confirm_peers(live)
+            seen.append({a.node_id for a in agent.live_agents()})
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(ask)
+            await anyio.wait_all_tasks_blocked()
+            assert sorted(tries) == [live[1].port, live[2].port]  # both at once, once
+            release.set()
+        return seen
+
+    assert anyio.run(scenario) == [{0, 2}] * 5
 
 
 def test_a_coordinator_that_refuses_connections_is_not_named(agent, listening) -> None:
@@ -461,6 +512,7 @@ def test_a_probe_without_an_answer_leaves_what_the_last_answer_said(agent, monke
 
     monkeypatch.setattr(agent_module, "_refuses", refuses)
     monkeypatch.setattr(agent_module, "PEER_CONFIRM_SECONDS", 0.0)
+    monkeypatch.setattr(agent_module, "PEER_PROBE_SECONDS", 0.0)
 
     async def scenario() -> None:
         for _ in range(5):
