@@ -126,7 +126,7 @@ class IngestPipeline:
         self._interval = flush_interval_ms / 1000
         self._flush_bytes = flush_bytes
         self._max_commit_delay = None if max_commit_delay_ms is None else max_commit_delay_ms / 1000
-        # Held by each flush from its start until it is answered.
+        # Held by each flush from its start until its commit is done (or it failed).
         self._flush_slots = anyio.Semaphore(
             max_concurrent_flushes, max_value=max_concurrent_flushes
         )
