@@ -514,8 +514,7 @@ class Agent:
             # Forget the agents gone from the leases (as read now: the view may have been
             # read again during the round).
             peers = {(a.node_id, a.host, a.port) for a in self.live}
-            if not self._refusing <= peers:
-                self._refusing = self._refusing & peers
+            self._refusing &= peers
             for gone in self._peer_tried.keys() - peers:
                 del self._peer_tried[gone]
             self._probed_at = began
@@ -539,9 +538,7 @@ class Agent:
                 PEER_CONFIRM_SECONDS if tried[1] else PEER_PROBE_SECONDS
             ):
                 due.append(peer)
-        if len(due) == 1:
-            await self._probe(due[0])
-        elif due:
+        if due:
             async with anyio.create_task_group() as tg:
                 for peer in due:
                     tg.start_soon(self._probe, peer)
@@ -560,9 +557,9 @@ class Agent:
             self._peer_tried[peer] = (began, refused is not None)
             if refused and peer not in self._refusing:
                 logger.info("agent %d (%s:%d) refuses connections: left out", *peer)
-                self._refusing = self._refusing | {peer}
-            elif refused is False and peer in self._refusing:
-                self._refusing = self._refusing - {peer}
+                self._refusing.add(peer)
+            elif refused is False:
+                self._refusing.discard(peer)
         finally:
             del self._probing[peer]
             done.set(None)
