@@ -159,6 +159,11 @@ def set_live(agent: Any, *zones_of: str | None, gone: tuple[int, ...] = ()) -> l
         for n, z in enumerate(zones_of)
         if n not in gone
     ]
+    return _register(agent, live)
+
+
+def _register(agent: Any, live: list[AgentInfo]) -> list[AgentInfo]:
+    """These agents, and only these, live in the store and in the agent's view."""
 
     def register(tr: Any) -> None:
         tr.clear_range(*agent.sub.range(keys.AGENT))
@@ -386,15 +391,7 @@ def _peers_one_dead(agent: Any, listening: socket.socket) -> list[AgentInfo]:
         AgentInfo(1, "127.0.0.1", dead_port, "b", 2**62),
         AgentInfo(2, "127.0.0.1", listening.getsockname()[1], "c", 2**62),
     ]
-
-    def register(tr: Any) -> None:
-        tr.clear_range(*agent.sub.range(keys.AGENT))
-        for info in live:
-            cluster.renew_lease(tr, agent.sub, info)
-
-    agent.kv.transact_sync(register)
-    agent.live = live
-    return live
+    return _register(agent, live)
 
 
 @pytest.fixture
