@@ -57,20 +57,20 @@ def fsync_probe(writes: int = 20) -> tuple[float, float]:
 def cycle(wait: bool) -> dict[str, Any]:
     kafka = bench.Kafka()
     kafka.start()
-    stopped = False
     try:
         for i in range(KAFKA_RUNS):
             topic = f"k{i}"
             bench.create_topic(kafka.bootstrap, topic, 1)
             bench.producers_perf(kafka.bootstrap, topic, 1, RECORDS, "none")
-        info: dict[str, Any] = {"wait": wait, "memory_mb_at_stop": memory_mb()}
+        at_stop = memory_mb()
+    finally:
         began = time.monotonic()
         kafka.stop()
-        stopped = True
-        info["stop_s"] = round(time.monotonic() - began, 1)
-    finally:
-        if not stopped:
-            kafka.stop()
+    info: dict[str, Any] = {
+        "wait": wait,
+        "memory_mb_at_stop": at_stop,
+        "stop_s": round(time.monotonic() - began, 1),
+    }
     if wait:
         began = time.monotonic()
         os.sync()
