@@ -48,6 +48,7 @@ from storage.cache import ObjectCache
 from storage.hedge import HedgedPuts
 from storage.ingest import ChunkLocation, encode_ingest_file, new_object_key
 from storage.objectstore import ObjectStore
+from storage.threads import ThreadPool
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ class IngestPipeline:
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
         self._uploaded_changed = anyio.Event()
         self._next_commit = 0
-        self._threads = anyio.CapacityLimiter(max_concurrent_flushes)
+        self._threads = anyio.CapacityLimiter(max_concurrent_flushes)  # hedged uploads
+        self._uploads = ThreadPool(max_concurrent_flushes, "upload")
         self.stats = PipelineStats()
 
     @property
@@ -221,9 +223,8 @@ class IngestPipeline:
                     if self._hedge is not None:
                         await self._hedge.put(flush.key, flush.data, self._threads)
                     else:
-                        await anyio.to_thread.run_sync(
-                            partial(self._store.put_sync, flush.key, flush.data, if_absent=True),
-                            limiter=self._threads,
+                        await self._uploads.run(
+                            partial(self._store.put_sync, flush.key, flush.data, if_absent=True)
                         )
             except Exception as exc:  # nothing of it is acked
                 if flush is None:

@@ -77,6 +77,7 @@ from metadata.lifecycle import ObjectRecord, get_object
 from metadata.log import ChunkEntry, partition_end_in_object
 from storage.cache import ObjectCache
 from storage.objectstore import ObjectStore, ObjectStoreError, RangeStream
+from storage.threads import ThreadPool
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ class ReadAhead:
         # By object key and where the stream ends: the runs of the partitions of one
         # level-2 object are read through streams of their own.
         self._streams: OrderedDict[tuple[str, int], _Stream] = OrderedDict()
+        self._threads = ThreadPool(WORKERS + URGENT_WORKERS, "read-ahead")  # streams' reads
         self.stats: dict[str, int] = {
             "requests": 0,
             "urgent_requests": 0,  # of Fetches that overtook their read-ahead
@@ -439,7 +441,7 @@ class ReadAhead:
                 await _close(held)
                 held = None
         if held is None:
-            opened = await anyio.to_thread.run_sync(
+            opened = await self._threads.run(
                 self._open_stream, object_key, start, max(end, stream_end)
             )
             held = _Stream(object_key, opened, start, 0.0)
@@ -462,7 +464,7 @@ class ReadAhead:
     async def _read_on(self, held: _Stream, start: int, end: int) -> bytes:
         """Read [start, end) from the stream, dropping what comes before start."""
         skip = start - held.position
-        data = await anyio.to_thread.run_sync(held.stream.read, end - held.position)
+        data = await self._threads.run(held.stream.read, end - held.position)
         held.position += len(data)
         if held.position != end:
             raise ObjectStoreError(f"{held.object_key}: ended at {held.position}, before {end}")

@@ -29,8 +29,8 @@ Rules:
 * Waiting for another *process's* write lock uses SQLite's busy handler, which sleeps and
   polls and is not fair: near saturation one process's commit can wait for hundreds of
   milliseconds while another process commits back to back.
-* `transact`/`read` run the function in a worker thread (`anyio.to_thread.run_sync`) with a
-  `CapacityLimiter` as large as the pool. `read(fn, quick=True)` first tries fn once on
+* `transact`/`read` run the function in one of as many worker threads as the pool has
+  connections (`storage.threads.ThreadPool`). `read(fn, quick=True)` first tries fn once on
   the calling thread with an idle connection and SQLite's busy wait off (a WAL reader
   rarely meets a lock); only if that is not possible now does it go to a worker thread. A cancelled `await` does not abandon the thread:
   the transaction always finishes (commit or rollback) and its connection goes back to the
@@ -57,6 +57,7 @@ import anyio
 import anyio.to_thread
 
 from metadata.kv import KVError, decode_i64, encode_i64
+from storage.threads import ThreadPool
 
 if TYPE_CHECKING:
     from metadata.kv import KV, ReadTransaction, Transaction
@@ -304,7 +305,7 @@ class SQLiteKV:
         self._retry_deadline = retry_deadline
         self._write_lock = _write_lock_for(os.path.realpath(path))
         self._pool = _Pool(self._connect, pool_size)
-        self._limiter = anyio.CapacityLimiter(pool_size)
+        self._threads = ThreadPool(pool_size, "sqlite")
         self._schema_ready = False
         self._schema_guard = threading.Lock()
         # Counters for benchmarks; plain ints updated under the GIL. `quick_reads` counts
@@ -472,9 +473,7 @@ class SQLiteKV:
         """Run fn in a read-write transaction in a worker thread; return its result."""
         # abandon_on_cancel=False: a cancelled caller still waits for the thread, so the
         # transaction ends (commit or rollback) and its connection goes back clean.
-        return await anyio.to_thread.run_sync(
-            self.transact_sync, fn, abandon_on_cancel=False, limiter=self._limiter
-        )
+        return await self._threads.run(self.transact_sync, fn)
 
     async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
         """Run fn in a read-only transaction (one snapshot) in a worker thread.
@@ -487,9 +486,7 @@ class SQLiteKV:
             done, result = self._read_here(fn)
             if done:
                 return cast(T, result)
-        return await anyio.to_thread.run_sync(
-            self.read_sync, fn, abandon_on_cancel=False, limiter=self._limiter
-        )
+        return await self._threads.run(self.read_sync, fn)
 
     def close(self) -> None:
         """Close idle connections now and busy ones when their transaction ends."""

@@ -16,7 +16,7 @@ Rules:
   has it open (DELETE_PIECE below).
 - Temp files start with TEMP_PREFIX; list() never shows them. A crashed writer can
   leave one behind; remove_stale_temp_files() sweeps those.
-- Blocking file I/O runs in worker threads bounded by a CapacityLimiter.
+- Blocking file I/O runs in at most max_concurrency worker threads (storage.threads).
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-import anyio
-import anyio.to_thread
-
 from storage.objectstore import (
     ObjectExistsError,
     ObjectInfo,
@@ -43,6 +40,7 @@ from storage.objectstore import (
     ObjectStoreError,
     new_stats,
 )
+from storage.threads import ThreadPool
 
 TEMP_PREFIX = ".tmp."
 # Objects are written in pieces of at most this size: one write() of 4 MiB took from
@@ -107,16 +105,14 @@ class LocalObjectStore:
         self.large_write_bytes_per_s = large_write_bytes_per_s
         self.large_writes_direct = large_writes_direct
         os.makedirs(self.root, exist_ok=True)
-        self._limiter = anyio.CapacityLimiter(max_concurrency)
+        self._threads = ThreadPool(max_concurrency, "local store")
         self.stats = new_stats()
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({self.root!r})"
 
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
-        await anyio.to_thread.run_sync(
-            partial(self.put_sync, key, data, if_absent=if_absent), limiter=self._limiter
-        )
+        await self._threads.run(partial(self.put_sync, key, data, if_absent=if_absent))
 
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         path = self._path(key)
@@ -196,7 +192,7 @@ class LocalObjectStore:
         pass
 
     async def _run(self, func: Callable[[], _T]) -> _T:
-        return await anyio.to_thread.run_sync(self._wrapped, func, limiter=self._limiter)
+        return await self._threads.run(self._wrapped, func)
 
     def _wrapped(self, func: Callable[[], _T]) -> _T:
         """func(), with a failure of the file system raised as ObjectStoreError."""

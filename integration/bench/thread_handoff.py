@@ -9,7 +9,10 @@ wall time and in the process's CPU time (both threads), three ways, on uvloop:
 - `anyio`: `anyio.to_thread.run_sync` with a CapacityLimiter, as the agent does;
 - `executor`: `loop.run_in_executor` on a ThreadPoolExecutor;
 - `queue`: one thread taking calls from a `queue.SimpleQueue` and answering through
-  `loop.call_soon_threadsafe`.
+  `loop.call_soon_threadsafe`;
+- `pool`: `storage.threads.ThreadPool`, which the agent's flushes, metadata
+  transactions and store reads now go through (the `queue` way, with a pool's bounds
+  and a cancelled caller waiting for its call).
 
 Prints one JSON line per round and way: microseconds per call.
 """
@@ -30,6 +33,8 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+
+from storage.threads import ThreadPool
 
 
 def noop() -> int:
@@ -79,10 +84,12 @@ async def round_of(calls: int, number: int) -> None:
     limiter = anyio.CapacityLimiter(4)
     executor = concurrent.futures.ThreadPoolExecutor(4)
     worker = QueueWorker(loop)
+    pool = ThreadPool(4, "hand-off")
     ways: dict[str, Callable[[], Awaitable[Any]]] = {
         "anyio": lambda: anyio.to_thread.run_sync(noop, limiter=limiter),
         "executor": lambda: loop.run_in_executor(executor, noop),
         "queue": lambda: worker.submit(noop),
+        "pool": lambda: pool.run(noop),
     }
     for way, call in ways.items():
         print(json.dumps({"round": number, "way": way, **await timed(call, calls)}), flush=True)
