@@ -49,6 +49,7 @@ from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
 from storage.hedge import HEDGE_THREADS, HedgedPuts
 from storage.objectstore import ObjectStore
+from storage.threads import ThreadPool
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ class Agent:
             _warn_injected_latency(config)
         if config.metrics_port:  # each request charged to topics (broker.costs)
             store = AccountingStore(store, Ledger())
-        return cls(config, open_kv(config.resolved_metadata_url), store)
+        return cls(config, open_kv(config.resolved_metadata_url, threads=ThreadPool), store)
 
     def topic_name_of(self, topic_id: bytes) -> str:
         """The topic's name as cached here (its id in hex if not cached: a deleted

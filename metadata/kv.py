@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -84,18 +85,30 @@ class KVError(Exception):
     """A metadata store failure that retrying the transaction did not cure."""
 
 
-def open_kv(url: str) -> KV:
+class Threads(Protocol):
+    """Where a backend runs its blocking calls: `await threads.run(fn, *args)` returns
+    fn(*args) run in a worker thread, and a cancelled caller still waits for it to end
+    (the agent's are `storage.threads.ThreadPool`s)."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+
+ThreadsFactory = Callable[[int, str], Threads]  # (at most so many at once, a name)
+
+
+def open_kv(url: str, *, threads: ThreadsFactory | None = None) -> KV:
     """Open a backend from a URL: sqlite:///abs/path.db, or fdb:// / fdb:///path/to/fdb.cluster;
-    faulty+ before either adds injected faults (metadata.injected_kv)."""
+    faulty+ before either adds injected faults (metadata.injected_kv). `threads` makes
+    the worker threads of the SQLite backend (by default anyio's)."""
     if url.startswith("faulty+"):
         from metadata.injected_kv import open_injected
 
-        return open_injected(url, open_kv)
+        return open_injected(url, partial(open_kv, threads=threads))
     if url.startswith("sqlite://"):
         from metadata.sqlite_kv import SQLiteKV
 
         # sqlite:///abs/path.db -> /abs/path.db; sqlite://rel/path.db -> rel/path.db
-        return SQLiteKV(url[len("sqlite://") :])
+        return SQLiteKV(url[len("sqlite://") :], threads=threads)
     if url.startswith("fdb://"):
         from metadata.fdb_kv import FDBKV
 

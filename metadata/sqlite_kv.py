@@ -30,7 +30,8 @@ Rules:
   polls and is not fair: near saturation one process's commit can wait for hundreds of
   milliseconds while another process commits back to back.
 * `transact`/`read` run the function in one of as many worker threads as the pool has
-  connections (`storage.threads.ThreadPool`). `read(fn, quick=True)` first tries fn once on
+  connections: anyio's, or those of the `threads` factory given (the agent gives
+  `storage.threads.ThreadPool`, which hands a call over for less CPU). `read(fn, quick=True)` first tries fn once on
   the calling thread with an idle connection and SQLite's busy wait off (a WAL reader
   rarely meets a lock); only if that is not possible now does it go to a worker thread. A cancelled `await` does not abandon the thread:
   the transaction always finishes (commit or rollback) and its connection goes back to the
@@ -51,13 +52,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import anyio.to_thread
 
-from metadata.kv import KVError, decode_i64, encode_i64
-from storage.threads import ThreadPool
+from metadata.kv import KVError, Threads, ThreadsFactory, decode_i64, encode_i64
 
 if TYPE_CHECKING:
     from metadata.kv import KV, ReadTransaction, Transaction
@@ -274,6 +274,18 @@ class _Pool:
             conn.close()
 
 
+class _AnyioThreads:
+    """Worker threads of anyio, at most `size` calls at once."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._limiter = anyio.CapacityLimiter(size)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(
+            fn, *args, abandon_on_cancel=False, limiter=self._limiter
+        )
+
+
 class SQLiteKV:
     """The `KV` store in one SQLite file, shared safely by threads and processes.
 
@@ -292,6 +304,7 @@ class SQLiteKV:
         pool_size: int = 4,
         busy_timeout: float = 5.0,
         retry_deadline: float = 30.0,
+        threads: ThreadsFactory | None = None,
     ) -> None:
         path = os.fspath(path)
         if not path or path == ":memory:" or path.startswith("file:"):
@@ -305,7 +318,7 @@ class SQLiteKV:
         self._retry_deadline = retry_deadline
         self._write_lock = _write_lock_for(os.path.realpath(path))
         self._pool = _Pool(self._connect, pool_size)
-        self._threads = ThreadPool(pool_size, "sqlite")
+        self._threads: Threads = (threads or _AnyioThreads)(pool_size, "sqlite")
         self._schema_ready = False
         self._schema_guard = threading.Lock()
         # Counters for benchmarks; plain ints updated under the GIL. `quick_reads` counts

@@ -14,7 +14,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from metadata.kv import KV, open_kv
+from metadata.kv import KV, ThreadsFactory, open_kv
+from storage.threads import ThreadPool
 from tests.support.fdb_server import FDB_CLUSTER_FILE_ENV, FDB_MISSING
 
 __all__ = ["FDB_CLUSTER_FILE_ENV", "FDB_MISSING", "Backend"]
@@ -30,9 +31,10 @@ class Backend:
     url: str  # for metadata.kv.open_kv, also from a child process
     # The largest value the backend stores: FoundationDB refuses values over 100,000 bytes.
     large_value_size: int
+    threads: ThreadsFactory | None = None  # the worker threads of a SQLite store here
 
     def open(self) -> KV:
-        return open_kv(self.url)
+        return open_kv(self.url, threads=self.threads)
 
 
 def _sqlite_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
@@ -43,13 +45,15 @@ def _sqlite_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 def _faulty_sqlite_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     # The fault-injection wrapper (metadata.injected_kv), its switch off: it must keep
-    # the contract of the store it wraps.
+    # the contract of the store it wraps. The store in it hands its calls to a
+    # storage.threads.ThreadPool, as in an agent (the plain one to anyio's threads).
     path = tmp_path / "metadata" / "kv.sqlite3"
     switch = tmp_path / "metadata-down"
     return Backend(
         "faulty+sqlite",
         f"faulty+sqlite://{path}?unavailable_when={switch}",
         large_value_size=MiB,
+        threads=ThreadPool,
     )
 
 
