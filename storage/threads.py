@@ -8,6 +8,8 @@ Rules:
   (as `anyio.to_thread.run_sync` does by default), then is cancelled: a transaction or
   a file write is never left running behind its caller's back.
 - Any event loop may call it; the loop that called is the one woken with the result.
+- The call runs in a copy of the caller's context (contextvars), as with anyio: what
+  the caller set (broker.costs' charges) holds in the thread.
 
 Why not `anyio.to_thread.run_sync`: each call of it enters and leaves a cancel scope and
 a capacity limiter and looks up the loop's thread pool, and on Python 3.11 every one of
@@ -20,6 +22,7 @@ reads of the agent's hot paths each make one or two such calls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -31,13 +34,14 @@ IDLE_SECONDS = 10.0  # as anyio's worker threads
 
 
 class _Call(Generic[_T]):
-    __slots__ = ("fn", "args", "loop", "waiter", "finished", "failed", "value")
+    __slots__ = ("fn", "args", "context", "loop", "waiter", "finished", "failed", "value")
 
     def __init__(
         self, fn: Callable[..., _T], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop
     ) -> None:
         self.fn = fn
         self.args = args
+        self.context = contextvars.copy_context()
         self.loop = loop
         self.waiter: asyncio.Future[None] = loop.create_future()
         self.finished = False
@@ -120,11 +124,11 @@ class ThreadPool:
                         return
                 continue
             try:
-                call.value = call.fn(*call.args)
+                call.value = call.context.run(call.fn, *call.args)
             except BaseException as exc:  # handed to the caller, raised there
                 call.failed = True
                 call.value = exc
-            call.fn = call.args = None  # type: ignore[assignment]
+            call.fn = call.args = call.context = None  # type: ignore[assignment]
             with self._lock:
                 self._pending -= 1
             try:

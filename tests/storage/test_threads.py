@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 
@@ -25,6 +26,17 @@ async def test_result_and_exception_come_back_from_another_thread() -> None:
 
     with pytest.raises(KeyError, match="gone"):
         await pool.run(fails)
+
+
+async def test_the_call_sees_the_callers_context() -> None:
+    pool = ThreadPool(1, "test")
+    charged: contextvars.ContextVar[str] = contextvars.ContextVar("charged", default="nobody")
+    token = charged.set("orders")
+    try:
+        assert await pool.run(charged.get) == "orders"
+    finally:
+        charged.reset(token)
+    assert await pool.run(charged.get) == "nobody"
 
 
 async def test_at_most_size_calls_run_at_once() -> None:
