@@ -105,9 +105,17 @@ def test_the_frozen_objects_are_counted_once_when_frozen(monkeypatch: pytest.Mon
 
     from broker import memory
 
-    frozen = memory.freeze_startup_heap()
+    # No other thread runs between the freeze and the count: an idle worker thread of
+    # an earlier test that ends there frees frozen objects (its frames, its Thread).
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
     try:
-        assert frozen == gc.get_freeze_count() > 0
+        frozen = memory.freeze_startup_heap()
+        counted = gc.get_freeze_count()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    try:
+        assert frozen == counted > 0
 
         def walked() -> int:
             raise AssertionError("the stats walked the frozen objects")
