@@ -31,11 +31,12 @@ Rules:
   milliseconds while another process commits back to back.
 * `transact`/`read` run the function in one of as many worker threads as the pool has
   connections: anyio's, or those of the `threads` factory given (the agent gives
-  `storage.threads.ThreadPool`, which hands a call over for less CPU). `read(fn, quick=True)` first tries fn once on
-  the calling thread with an idle connection and SQLite's busy wait off (a WAL reader
-  rarely meets a lock); only if that is not possible now does it go to a worker thread. A cancelled `await` does not abandon the thread:
-  the transaction always finishes (commit or rollback) and its connection goes back to the
-  pool clean. As with FoundationDB's `commit_unknown_result`, a cancelled caller cannot
+  `storage.threads.ThreadPool`, which hands a call over for less CPU).
+  `read(fn, quick=True)` first tries fn once on the calling thread with an idle
+  connection and SQLite's busy wait off (a WAL reader rarely meets a lock); only if that
+  is not possible now does it go to a worker thread. A cancelled `await` does not
+  abandon the thread: the transaction always finishes (commit or rollback) and its
+  connection goes back to the pool clean. As with FoundationDB's `commit_unknown_result`, a cancelled caller cannot
   know whether the transaction committed.
 * `add` is FoundationDB's atomic ADD on 8-byte little-endian signed integers: a missing
   key counts as 0, a shorter stored value is zero-extended and a longer one truncated to 8
