@@ -143,7 +143,7 @@ class IngestPipeline:
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
         self._uploaded_changed = anyio.Event()
         self._next_commit = 0
-        self._threads = anyio.CapacityLimiter(max_concurrent_flushes)  # hedged uploads
+        self._hedged_threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self._uploads = ThreadPool(max_concurrent_flushes, "upload")
         self.stats = PipelineStats()
 
@@ -221,7 +221,7 @@ class IngestPipeline:
                 began = time.monotonic()
                 with charge(partial(self._weights, items)):
                     if self._hedge is not None:
-                        await self._hedge.put(flush.key, flush.data, self._threads)
+                        await self._hedge.put(flush.key, flush.data, self._hedged_threads)
                     else:
                         await self._uploads.run(
                             partial(self._store.put_sync, flush.key, flush.data, if_absent=True)

@@ -6,13 +6,14 @@ An upload or a metadata commit of the agent runs in a worker thread: the event l
 hands the call over and is woken with its result. This times a no-op so handed over, in
 wall time and in the process's CPU time (both threads), three ways, on uvloop:
 
-- `anyio`: `anyio.to_thread.run_sync` with a CapacityLimiter, as the agent does;
+- `anyio`: `anyio.to_thread.run_sync` with a CapacityLimiter, as the agent did;
 - `executor`: `loop.run_in_executor` on a ThreadPoolExecutor;
-- `queue`: one thread taking calls from a `queue.SimpleQueue` and answering through
-  `loop.call_soon_threadsafe`;
-- `pool`: `storage.threads.ThreadPool`, which the agent's flushes, metadata
-  transactions and store reads now go through (the `queue` way, with a pool's bounds
-  and a cancelled caller waiting for its call).
+- `pool`: `storage.threads.ThreadPool` (threads taking calls from a
+  `queue.SimpleQueue` and answering through `loop.call_soon_threadsafe`), which the
+  agent's flushes, metadata transactions and store reads go through.
+
+(`results/2026-11-29-thread-handoff.jsonl` has a fourth way, `queue`: one bare thread
+on a SimpleQueue, before the pool was written.)
 
 Prints one JSON line per round and way: microseconds per call.
 """
@@ -23,10 +24,8 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
-import queue
 import resource
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,26 +38,6 @@ from storage.threads import ThreadPool
 
 def noop() -> int:
     return 1
-
-
-class QueueWorker:
-    """One thread that runs the calls put on its queue and answers on the loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._calls: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[[], Any]]]
-        self._calls = queue.SimpleQueue()
-        self._loop = loop
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            future, call = self._calls.get()
-            self._loop.call_soon_threadsafe(future.set_result, call())
-
-    def submit(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
-        future = self._loop.create_future()
-        self._calls.put((future, call))
-        return future
 
 
 async def timed(call: Callable[[], Awaitable[Any]], calls: int) -> dict[str, float]:
@@ -83,12 +62,10 @@ async def round_of(calls: int, number: int) -> None:
     loop = asyncio.get_running_loop()
     limiter = anyio.CapacityLimiter(4)
     executor = concurrent.futures.ThreadPoolExecutor(4)
-    worker = QueueWorker(loop)
     pool = ThreadPool(4, "hand-off")
     ways: dict[str, Callable[[], Awaitable[Any]]] = {
         "anyio": lambda: anyio.to_thread.run_sync(noop, limiter=limiter),
         "executor": lambda: loop.run_in_executor(executor, noop),
-        "queue": lambda: worker.submit(noop),
         "pool": lambda: pool.run(noop),
     }
     for way, call in ways.items():

@@ -105,8 +105,8 @@ def test_the_frozen_objects_are_counted_once_when_frozen(monkeypatch: pytest.Mon
 
     from broker import memory
 
-    # No other thread runs between the freeze and the count: an idle worker thread of
-    # an earlier test that ends there frees frozen objects (its frames, its Thread).
+    # No other thread runs between the freeze and the count: one that runs there can
+    # free frozen objects (an idle worker thread of an earlier test, ending).
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(1000.0)
     try:
