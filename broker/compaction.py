@@ -162,7 +162,7 @@ def _batches(entry: ChunkEntry, data: memoryview) -> list[memoryview]:
 
 
 def build_output(
-    store: ObjectStore, plan: Plan, cached: Mapping[str, bytes], output_key: str
+    store: ObjectStore, plan: Plan, cached: Mapping[str, bytes | memoryview], output_key: str
 ) -> _Built:
     """Read the plan's entries, write its output object; in a worker thread."""
     started = time.thread_time()
@@ -181,7 +181,7 @@ def build_output(
                 bytes_cached += entry.length
             continue
         for start, end in _read_spans(entries):
-            span = memoryview(store.get_sync(object_key, start, end))
+            span = store.get_view_sync(object_key, start, end)
             bytes_read += len(span)
             for entry in entries:
                 if start <= entry.start < end:
@@ -363,6 +363,8 @@ class Compaction:
 
             if not self._pool.spec.remote:
                 cached = {}
+            else:  # sent to the worker process: a view is not picklable, bytes are
+                cached = {key: bytes(data) for key, data in cached.items()}
             built, spent = await self._pool.run(build_output, plan, cached, output_key)
             add_spent(agent.store, spent)
         else:

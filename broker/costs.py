@@ -134,6 +134,16 @@ class AccountingStore:
         self._record("GET", len(data), "out")
         return data
 
+    async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        data = await self.inner.get_view(key, start, end)
+        self._record("GET", len(data), "out")
+        return data
+
+    def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        data = self.inner.get_view_sync(key, start, end)
+        self._record("GET", len(data), "out")
+        return data
+
     def open_range_stream(self, key: str, start: int, end: int | None = None) -> RangeStream:
         weights = _charged_now()
         self.ledger.record(weights, "GET", 0, "out")
@@ -166,7 +176,7 @@ class _ChargedStream:
         self._ledger = ledger
         self._weights = weights
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int) -> bytes | memoryview:
         data = self._stream.read(n)
         if data:
             self._ledger.record(self._weights, None, len(data), "out")

@@ -383,9 +383,10 @@ class ReadAhead:
             ):
                 continue
             self._reading[piece] = Flag()
+            data: bytes | memoryview
             try:
                 if piece.start is None or piece.end is None:
-                    data = await self._store.get(piece.object_key, 0, None)
+                    data = await self._store.get_view(piece.object_key, 0, None)
                 elif piece.stream_end is not None:
                     data = await self._read_range(
                         piece.object_key, piece.start, piece.end, piece.stream_end
@@ -393,7 +394,7 @@ class ReadAhead:
                 else:
                     # One partition's bytes of an object of many: what follows them is
                     # another partition's, so no stream to read on from.
-                    data = await self._store.get(piece.object_key, piece.start, piece.end)
+                    data = await self._store.get_view(piece.object_key, piece.start, piece.end)
                 if piece.start is None:
                     self._cache.put(piece.object_key, data)
                     self.stats["objects"] += 1
@@ -421,13 +422,15 @@ class ReadAhead:
                 return done
         return None
 
-    async def _read_range(self, object_key: str, start: int, end: int, stream_end: int) -> bytes:
+    async def _read_range(
+        self, object_key: str, start: int, end: int, stream_end: int
+    ) -> bytes | memoryview:
         """Bytes [start, end) of an object: read on from its open stream when one is at
         (or a little before) start, else from a new one that ends at `stream_end` (the
         partition's run in the object ends there); a plain ranged GET from a store
         without streams."""
         if self._open_stream is None:
-            return await self._store.get(object_key, start, end)
+            return await self._store.get_view(object_key, start, end)
         await self._close_idle()
         held = self._streams.pop((object_key, stream_end), None)
         if held is not None and not 0 <= start - held.position <= STREAM_SKIP:
@@ -461,7 +464,7 @@ class ReadAhead:
                 await _close(self._streams.popitem(last=False)[1])
         return data
 
-    async def _read_on(self, held: _Stream, start: int, end: int) -> bytes:
+    async def _read_on(self, held: _Stream, start: int, end: int) -> bytes | memoryview:
         """Read [start, end) from the stream, dropping what comes before start."""
         skip = start - held.position
         data = await self._threads.run(held.stream.read, end - held.position)

@@ -40,7 +40,7 @@ class ObjectCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         # key -> whole object, or (key, start) -> bytes [start, start + len) of it
-        self._entries: OrderedDict[str | tuple[str, int], bytes] = OrderedDict()
+        self._entries: OrderedDict[str | tuple[str, int], bytes | memoryview] = OrderedDict()
         self._ranges: dict[str, dict[int, int]] = {}  # key -> {start: end} held
         self.stats: dict[str, int] = {"hits": 0, "misses": 0, "evictions": 0, "bytes": 0}
 
@@ -60,11 +60,11 @@ class ObjectCache:
         """The keys of the objects held whole, least recently used first."""
         return [key for key in self._entries if isinstance(key, str)]
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         self.discard(key)
         self._add(key, data)
 
-    def put_range(self, key: str, start: int, data: bytes) -> None:
+    def put_range(self, key: str, start: int, data: bytes | memoryview) -> None:
         """Hold bytes [start, start + len(data)) of the object (unless it is held whole)."""
         if key in self._entries:
             return
@@ -74,7 +74,7 @@ class ObjectCache:
         self._ranges.setdefault(key, {})[start] = start + len(data)
         self._add((key, start), data)
 
-    def _add(self, entry: str | tuple[str, int], data: bytes) -> None:
+    def _add(self, entry: str | tuple[str, int], data: bytes | memoryview) -> None:
         if len(data) > self.max_bytes:
             self._forget_range(entry)
             return  # would evict everything and still not fit
@@ -95,7 +95,7 @@ class ObjectCache:
                 if not held:
                     del self._ranges[key]
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> bytes | memoryview | None:
         """The whole object, if held whole."""
         data = self._entries.get(key)
         if data is None:
@@ -287,7 +287,7 @@ class RangeReader:
         results: list[bytes | memoryview],
     ) -> None:
         self.stats["gets"] += 1
-        data = await self.store.get(span.key, span.start, span.end)
+        data = await self.store.get_view(span.key, span.start, span.end)
         self.stats["bytes_got"] += len(data)
         if len(span.indexes) == 1:
             results[span.indexes[0]] = data

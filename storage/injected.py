@@ -114,6 +114,16 @@ class InjectedLatencyStore:
             time.sleep(self._draw(self._get_delay, "get"))
         return self.inner.get_sync(key, start, end)
 
+    async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        if self._get_delay is not None:
+            await anyio.sleep(self._draw(self._get_delay, "get"))
+        return await self.inner.get_view(key, start, end)
+
+    def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        if self._get_delay is not None:
+            time.sleep(self._draw(self._get_delay, "get"))
+        return self.inner.get_view_sync(key, start, end)
+
     def open_range_stream(self, key: str, start: int, end: int | None = None) -> RangeStream:
         """The wrapped store's stream, opened after a GET's delay (blocking)."""
         if self._get_delay is not None:

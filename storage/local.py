@@ -16,6 +16,12 @@ Rules:
   has it open (DELETE_PIECE below).
 - Temp files start with TEMP_PREFIX; list() never shows them. A crashed writer can
   leave one behind; remove_stale_temp_files() sweeps those.
+- get_view and range streams hand a range of MAP_MIN bytes or more out as a read-only
+  view of the file mapped into memory: the page cache's own pages, not a copy. Each
+  mapping holds a shared lock on its file (delete then only unlinks it, as for a range
+  stream), and a file descriptor until its last view is gone, so at most `max_mappings`
+  are alive; past that, and where the kernel cannot populate a mapping ahead, a range is
+  read into memory as before.
 - Blocking file I/O runs in at most max_concurrency worker threads (storage.threads).
 """
 
@@ -26,9 +32,12 @@ import errno
 import fcntl
 import mmap
 import os
+import resource
 import secrets
 import stat
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
@@ -85,7 +94,50 @@ DIRECT_ALIGN = 4096  # offset, length and buffer address of an O_DIRECT write
 # the file locked for deletion answers that the object is gone.
 DELETE_PIECE = 4 << 20
 
+# A range of MAP_MIN bytes or more that a reader asks for as a view (get_view, range
+# streams) is mapped rather than read: read() copies the page cache into memory the
+# kernel first has to zero for the copy. Reading a 40 MB file in the page cache took
+# 0.53-0.64 s of system CPU per GB with pread and 0.05-0.06 mapped and populated; read
+# and written to a socket, 1.02-1.19 s per GB against 0.46-0.59 (a 40 MB file 25 times,
+# three rounds). The mapping is populated in the worker thread (MADV_POPULATE_READ,
+# Linux 5.14; WILLNEED first, so that a file not in the page cache is read in large
+# requests), so that the event loop's write of a view does not wait for the disk; a
+# failure to read then is an error of the read, not a SIGBUS at the first touch.
+MAP_MIN = 256 << 10
+MADV_POPULATE_READ = 22  # <linux/mman.h>; Python's mmap module does not name it
+
 _T = TypeVar("_T")
+
+
+class _Mappings:
+    """Counts the mappings alive (each holds the duplicate of a file descriptor that
+    Python's mmap keeps) against a limit; `works` goes false the first time the kernel
+    refuses to populate one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.alive = 0
+        self.works = True
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if not self.works or self.alive >= self.limit:
+                return False
+            self.alive += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.alive -= 1
+
+
+def _default_max_mappings() -> int:
+    """A quarter of the process's file descriptors, at most 4,096."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(0, min(4096, soft // 4))
 
 
 class LocalObjectStore:
@@ -98,6 +150,7 @@ class LocalObjectStore:
         max_concurrency: int = 16,
         large_write_bytes_per_s: float | None = None,
         large_writes_direct: bool = False,
+        max_mappings: int | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         # Objects over SYNC_PIECE are written no faster than this (None: at the disk's pace)
@@ -106,6 +159,7 @@ class LocalObjectStore:
         self.large_writes_direct = large_writes_direct
         os.makedirs(self.root, exist_ok=True)
         self._threads = ThreadPool(max_concurrency, "local store")
+        self.mappings = _Mappings(_default_max_mappings() if max_mappings is None else max_mappings)
         self.stats = new_stats()
 
     def __repr__(self) -> str:
@@ -147,20 +201,60 @@ class LocalObjectStore:
         self.stats["bytes_got"] += len(data)
         return data
 
+    async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        """get() as a read-only view: of the file mapped into memory for a range of
+        MAP_MIN bytes or more (see the module's rules)."""
+        _check_range(start, end)
+        path = self._path(key)
+        self.stats["gets"] += 1
+        data = await self._run(partial(self._view_file, path, key, start, end))
+        self.stats["bytes_got"] += len(data)
+        return data
+
+    def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        _check_range(start, end)
+        path = self._path(key)
+        self.stats["gets"] += 1
+        data = self._wrapped(partial(self._view_file, path, key, start, end))
+        self.stats["bytes_got"] += len(data)
+        return data
+
+    def _view_file(self, path: str, key: str, start: int, end: int | None) -> memoryview:
+        fd = _open_object(path, key)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ObjectNotFoundError(f"no such object: {key!r} (a folder)")
+            size = st.st_size
+            if start < 0:
+                start = max(0, size + start)
+            stop = size if end is None else min(end, size)
+            if stop - start < MAP_MIN or not self.mappings.take():
+                return memoryview(_read_range(fd, key, start, stop))
+            try:
+                _lock_shared(fd, key)
+                # A file being deleted loses pieces from its end (_delete_file) until
+                # it is closed; with the lock held, none.
+                if os.fstat(fd).st_size < stop:
+                    raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
+                view = _map(self.mappings, fd, start, stop)
+            except BaseException:
+                self.mappings.give()
+                raise
+            if view is None:
+                self.mappings.give()
+                return memoryview(_read_range(fd, key, start, stop))
+            return view
+        finally:
+            os.close(fd)  # a mapping keeps a duplicate, and with it the lock
+
     def open_range_stream(self, key: str, start: int, end: int | None = None) -> _LocalRangeStream:
         """The object from `start` on (to `end`, or its end), read in order as wanted
         (blocking)."""
         self.stats["gets"] += 1
-        path = self._path(key)
+        fd = _open_object(self._path(key), key)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFoundError(f"no such object: {key!r}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # being deleted (_delete_file holds it exclusively)
-            os.close(fd)
-            raise ObjectNotFoundError(f"no such object: {key!r} (being deleted)") from None
+            _lock_shared(fd, key)
         except BaseException:
             os.close(fd)
             raise
@@ -338,11 +432,42 @@ def _keep_pace(written: int, began: float, bytes_per_s: float | None) -> None:
             time.sleep(ahead)
 
 
-def _read_file(path: str, key: str, start: int, end: int | None) -> bytes:
+def _map(mappings: _Mappings, fd: int, start: int, stop: int) -> memoryview | None:
+    """Bytes [start, stop) of the open (and shared-locked) file as a populated mapping,
+    given back to `mappings` once gone; None where the kernel cannot populate one (then
+    no mapping is tried again). The caller has taken the mapping from `mappings`."""
+    offset = start - start % mmap.ALLOCATIONGRANULARITY
+    mapped = mmap.mmap(fd, stop - offset, prot=mmap.PROT_READ, offset=offset)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
+        mapped.madvise(mmap.MADV_WILLNEED)
+        mapped.madvise(MADV_POPULATE_READ)
+    except OSError as exc:
+        mapped.close()
+        if exc.errno == errno.EINVAL:  # a kernel before 5.14
+            mappings.works = False
+            return None
+        raise
+    weakref.finalize(mapped, mappings.give)
+    return memoryview(mapped)[start - offset :]
+
+
+def _open_object(path: str, key: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise ObjectNotFoundError(f"no such object: {key!r}") from None
+
+
+def _lock_shared(fd: int, key: str) -> None:
+    """Hold the file against deletion in pieces (the module's DELETE_PIECE)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:  # being deleted (_delete_file holds it exclusively)
+        raise ObjectNotFoundError(f"no such object: {key!r} (being deleted)") from None
+
+
+def _read_file(path: str, key: str, start: int, end: int | None) -> bytes:
+    fd = _open_object(path, key)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -351,19 +476,23 @@ def _read_file(path: str, key: str, start: int, end: int | None) -> bytes:
         if start < 0:
             start = max(0, size + start)
         stop = size if end is None else min(end, size)
-        if start >= stop:
-            return b""
-        chunks: list[bytes] = []
-        position = start
-        while position < stop:
-            chunk = os.pread(fd, stop - position, position)
-            if not chunk:  # freed piece by piece by a delete under way (_delete_file)
-                raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
-            chunks.append(chunk)
-            position += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return _read_range(fd, key, start, stop)
     finally:
         os.close(fd)
+
+
+def _read_range(fd: int, key: str, start: int, stop: int) -> bytes:
+    if start >= stop:
+        return b""
+    chunks: list[bytes] = []
+    position = start
+    while position < stop:
+        chunk = os.pread(fd, stop - position, position)
+        if not chunk:  # freed piece by piece by a delete under way (_delete_file)
+            raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
+        chunks.append(chunk)
+        position += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class _LocalRangeStream:
@@ -376,9 +505,27 @@ class _LocalRangeStream:
         self._position = position
         self._end = end
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int) -> bytes | memoryview:
+        """The next n bytes: mapped (the module's rules) when n is MAP_MIN or more."""
         if self._end is not None:
             n = min(n, self._end - self._position)
+        mappings = self._store.mappings
+        if n >= MAP_MIN and mappings.take():
+            try:
+                stop = min(self._position + n, os.fstat(self._fd).st_size)
+                view = (
+                    _map(mappings, self._fd, self._position, stop)
+                    if stop > self._position
+                    else None
+                )
+            except BaseException:
+                mappings.give()
+                raise
+            if view is not None:
+                self._position += len(view)
+                self._store.stats["bytes_got"] += len(view)
+                return view
+            mappings.give()
         chunks: list[bytes] = []
         while n > 0:
             chunk = os.pread(self._fd, n, self._position)

@@ -39,8 +39,9 @@ class RangeStream(Protocol):
     opened), read in order as they are wanted (one GET for all of them). Blocking: call
     from a worker thread, one at a time."""
 
-    def read(self, n: int) -> bytes:
-        """The next n bytes (fewer only at the stream's end)."""
+    def read(self, n: int) -> bytes | memoryview:
+        """The next n bytes (fewer only at the stream's end); a read-only view where the
+        store can hand its bytes out without a copy (get_view)."""
         ...
 
     def close(self) -> None: ...
@@ -76,6 +77,16 @@ class ObjectStore(Protocol):
 
     def get_sync(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """The blocking form of get, for a caller that is already in a worker thread."""
+        ...
+
+    async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        """get() as a read-only view, for readers that keep or pass on the bytes without
+        changing them: a store that can hand out its own copy of them (the local store's
+        file, mapped) does so instead of copying them into memory."""
+        ...
+
+    def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        """The blocking form of get_view."""
         ...
 
     async def delete(self, key: str) -> None:

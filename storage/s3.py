@@ -175,6 +175,13 @@ class S3ObjectStore:
         self.stats["bytes_got"] += len(data)
         return data
 
+    async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        """get()'s bytes as a view (a GET's body is a copy of the store's anyway)."""
+        return memoryview(await self.get(key, start, end))
+
+    def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        return memoryview(self.get_sync(key, start, end))
+
     def open_range_stream(self, key: str, start: int, end: int | None = None) -> _S3RangeStream:
         """The object from `start` on (to `end`, or its end), as one GET read as wanted
         (blocking: in a worker thread). Streams have their own connections

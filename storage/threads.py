@@ -135,3 +135,6 @@ class ThreadPool:
                 call.loop.call_soon_threadsafe(_settle, call)
             except RuntimeError:  # the caller's loop is closed: nobody waits
                 pass
+            # Not held while this thread waits for the next call: the value may be large
+            # (a read), or a view that holds a file open (storage.local's mappings).
+            del call

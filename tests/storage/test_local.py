@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -18,7 +19,14 @@ import anyio
 import pytest
 
 from storage import local
-from storage.local import DELETE_PIECE, SYNC_PIECE, TEMP_PREFIX, WRITE_PIECE, LocalObjectStore
+from storage.local import (
+    DELETE_PIECE,
+    MAP_MIN,
+    SYNC_PIECE,
+    TEMP_PREFIX,
+    WRITE_PIECE,
+    LocalObjectStore,
+)
 from storage.objectstore import ObjectNotFoundError, ObjectStoreError
 
 RACE_KEYS = 200
@@ -391,3 +399,97 @@ async def test_a_read_of_an_object_freed_under_it_is_not_found(
     monkeypatch.setattr(os, "pread", shrinking)
     with pytest.raises(ObjectNotFoundError, match="deleted while read"):
         await local_store.get("compacted/large", 0, 1000)
+
+
+async def test_a_large_view_is_the_file_mapped_and_a_small_one_a_copy(
+    local_store: LocalObjectStore,
+) -> None:
+    """A range of MAP_MIN bytes or more comes back as a view of the mapped file (no copy
+    into memory), counted among the mappings until its last view is gone; a smaller
+    range is read as before."""
+    data = os.urandom(MAP_MIN * 3 + 99)
+    await local_store.put("ingest/a", data, if_absent=True)
+    small = await local_store.get_view("ingest/a", 10, 10 + MAP_MIN - 1)
+    assert isinstance(small.obj, bytes)
+    assert local_store.mappings.alive == 0
+    large = await local_store.get_view("ingest/a", 4099, 4099 + MAP_MIN)
+    assert isinstance(large.obj, mmap.mmap)
+    assert large == data[4099 : 4099 + MAP_MIN]
+    assert local_store.mappings.alive == 1
+    piece = large[10:20]
+    del large
+    assert local_store.mappings.alive == 1  # a slice keeps the mapping
+    assert piece == data[4109:4119]
+    del piece
+    assert _mappings_end(local_store)
+
+
+def _mappings_end(store: LocalObjectStore) -> bool:
+    """Whether every mapping is given back within a second (the worker thread that
+    made one drops its own reference to the call once it got the GIL again)."""
+    deadline = time.monotonic() + 1
+    while store.mappings.alive and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return store.mappings.alive == 0
+
+
+async def test_mappings_are_bounded_and_reads_past_the_bound_are_copies(tmp_path: Path) -> None:
+    store = LocalObjectStore(str(tmp_path / "objects"), max_mappings=1)
+    data = os.urandom(MAP_MIN * 2)
+    await store.put("ingest/a", data, if_absent=True)
+    first = await store.get_view("ingest/a")
+    second = await store.get_view("ingest/a")
+    assert isinstance(first.obj, mmap.mmap) and isinstance(second.obj, bytes)
+    assert first == second == data
+    del first
+    assert _mappings_end(store)  # second is a copy: first was the one mapping
+    third = await store.get_view("ingest/a")
+    assert isinstance(third.obj, mmap.mmap)
+
+
+async def test_a_mapped_view_keeps_a_deleted_object_whole(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view's mapping holds the file's shared lock as a range stream does: a delete
+    only unlinks the file, never frees its pieces under the view (which would end the
+    process with SIGBUS at the next touch). The same for a stream's mapped read."""
+    data = os.urandom(2 * DELETE_PIECE + 777)
+    await local_store.put("compacted/large", data, if_absent=True)
+    stream = local_store.open_range_stream("compacted/large", 5)
+    streamed = stream.read(DELETE_PIECE)
+    stream.close()  # its mapping holds the file on its own
+    view = await local_store.get_view("compacted/large", 3, None)
+    assert isinstance(view.obj, mmap.mmap) and isinstance(streamed.obj, mmap.mmap)
+    sizes = _recording_truncates(monkeypatch)
+    await local_store.delete("compacted/large")
+    assert sizes == []
+    assert all_files(Path(local_store.root)) == []
+    assert view == data[3:]
+    assert streamed == data[5 : 5 + DELETE_PIECE]
+
+
+async def test_a_view_of_an_object_being_deleted_is_not_found(
+    local_store: LocalObjectStore,
+) -> None:
+    await local_store.put("compacted/large", os.urandom(DELETE_PIECE + 1), if_absent=True)
+    fd = os.open(Path(local_store.root) / "compacted" / "large", os.O_WRONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ObjectNotFoundError, match="being deleted"):
+            await local_store.get_view("compacted/large", 0, MAP_MIN)
+    finally:
+        os.close(fd)
+    assert local_store.mappings.alive == 0
+
+
+async def test_a_kernel_that_cannot_populate_a_mapping_gets_copies(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """madvise answers EINVAL for advice the kernel does not know (MADV_POPULATE_READ
+    before Linux 5.14): the read is a copy, and no mapping is tried again."""
+    monkeypatch.setattr(local, "MADV_POPULATE_READ", 0x7FFF)
+    data = os.urandom(MAP_MIN)
+    await local_store.put("ingest/a", data, if_absent=True)
+    view = await local_store.get_view("ingest/a")
+    assert isinstance(view.obj, bytes) and view == data
+    assert not local_store.mappings.works and local_store.mappings.alive == 0

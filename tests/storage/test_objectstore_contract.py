@@ -216,3 +216,20 @@ async def test_a_range_stream_reads_on_in_order_up_to_its_end(store: ObjectStore
     finally:
         to_end.close()
         bounded.close()
+
+
+async def test_a_view_holds_what_get_returns(store: ObjectStore) -> None:
+    """get_view answers every range get answers, as a read-only view: small ranges and
+    ones large enough for the local store to map, suffixes, ranges past the end."""
+    data = os.urandom(3 * 1024 * 1024 + 123)
+    await store.put("viewed", data, if_absent=True)
+    ranges = [(0, None), (0, 10), (5, 300_000), (4097, 2_500_000), (-700_000, None)]
+    ranges += [(len(data) - 5, len(data) + 50), (len(data) + 1, len(data) + 9), (7, 7)]
+    for start, end in ranges:
+        view = await store.get_view("viewed", start, end)
+        assert view.readonly
+        assert view == await store.get("viewed", start, end), (start, end)
+        in_thread = await anyio.to_thread.run_sync(store.get_view_sync, "viewed", start, end)
+        assert in_thread == data[start:end] if end is not None else data[start:]
+    with pytest.raises(ObjectNotFoundError):
+        await store.get_view("missing", 0, 300_000)

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import threading
 import time
+import weakref
 
 import anyio
 import pytest
@@ -37,6 +38,22 @@ async def test_the_call_sees_the_callers_context() -> None:
     finally:
         charged.reset(token)
     assert await pool.run(charged.get) == "nobody"
+
+
+async def test_an_idle_thread_does_not_hold_the_last_result() -> None:
+    """Once the caller drops a result, nothing of the pool keeps it alive while the
+    thread waits for its next call (a large read, a view holding a file open)."""
+    pool = ThreadPool(1, "test")
+
+    class Result:
+        pass
+
+    result = await pool.run(Result)
+    gone = threading.Event()
+    weakref.finalize(result, gone.set)
+    del result
+    assert await anyio.to_thread.run_sync(gone.wait, 1.0)
+    assert pool._threads == 1  # the thread is still there, idle
 
 
 async def test_at_most_size_calls_run_at_once() -> None:
