@@ -161,6 +161,17 @@ def _batches(entry: ChunkEntry, data: memoryview) -> list[memoryview]:
     return batches
 
 
+def _picklable(data: bytes | memoryview) -> bytes:
+    """The bytes of a cached object, without a copy where it is a view of bytes whole
+    (an S3 store's get_view)."""
+    if isinstance(data, memoryview):
+        whole = data.obj
+        if isinstance(whole, bytes) and len(whole) == data.nbytes:
+            return whole
+        return bytes(data)
+    return data
+
+
 def build_output(
     store: ObjectStore, plan: Plan, cached: Mapping[str, bytes | memoryview], output_key: str
 ) -> _Built:
@@ -364,7 +375,7 @@ class Compaction:
             if not self._pool.spec.remote:
                 cached = {}
             else:  # sent to the worker process: a view is not picklable, bytes are
-                cached = {key: bytes(data) for key, data in cached.items()}
+                cached = {key: _picklable(data) for key, data in cached.items()}
             built, spent = await self._pool.run(build_output, plan, cached, output_key)
             add_spent(agent.store, spent)
         else:

@@ -444,7 +444,12 @@ def _map(mappings: _Mappings, fd: int, start: int, stop: int) -> memoryview | No
     mapped = mmap.mmap(fd, stop - offset, prot=mmap.PROT_READ, offset=offset)
     try:
         mapped.madvise(mmap.MADV_WILLNEED)
-        mapped.madvise(MADV_POPULATE_READ)
+        while True:
+            try:
+                mapped.madvise(MADV_POPULATE_READ)
+                break
+            except InterruptedError:  # a signal came first: what is populated stays
+                continue
     except OSError as exc:
         mapped.close()
         if exc.errno == errno.EINVAL:  # a kernel before 5.14

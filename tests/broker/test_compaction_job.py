@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from broker.compaction import Compaction, CompactionSettings, build_output
+from broker.compaction import Compaction, CompactionSettings, _picklable, build_output
 from metadata import compaction, keys, log, topics
 from metadata.sqlite_kv import SQLiteKV
 from protocol.records import build_batch, iter_batches
@@ -202,3 +202,15 @@ async def test_the_level_two_options_reach_the_agents_compaction(tmp_path, monke
         await agent.aclose()
     with pytest.raises(SystemExit):  # refused as every other non-positive count
         parse_serve_args(["serve", "--compaction-l2-max-inputs", "0"])
+
+
+def test_a_cached_object_goes_to_a_worker_process_as_bytes_without_a_copy() -> None:
+    """A view of a whole bytes object (an S3 store's get_view) is sent as that object;
+    a view of part of one, or of a mapping, as a copy of its bytes."""
+    whole = b"x" * 1000
+    assert _picklable(memoryview(whole)) is whole
+    assert _picklable(whole) is whole
+    part = _picklable(memoryview(whole)[10:20])
+    assert part == b"x" * 10 and isinstance(part, bytes)
+    mapped = _picklable(memoryview(bytearray(b"abc")))
+    assert mapped == b"abc" and isinstance(mapped, bytes)
