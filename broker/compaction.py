@@ -57,7 +57,7 @@ from metadata.compaction import Limits, Plan
 from metadata.log import ChunkEntry
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
-from storage.ingest import encode_ingest_file, new_object_key
+from storage.ingest import encode_ingest_parts, new_object_key
 from storage.objectstore import ObjectStore
 
 if TYPE_CHECKING:
@@ -207,10 +207,12 @@ def build_output(
                 raise ValueError(f"{entry.object_key} ends inside [{entry.start}, +{entry.length})")
             batches += _batches(entry, piece)
         chunks.append((topic_id, partition, batches))
-    data, locations = encode_ingest_file(chunks)
-    store.put_sync(output_key, data, if_absent=True)
+    # Written from its pieces: the batches go from the inputs (mapped) to the file's
+    # buffer without a joined copy of the whole output in between.
+    parts, locations = encode_ingest_parts(chunks)
+    store.put_parts_sync(output_key, parts, if_absent=True)
     return _Built(
-        len(data),
+        sum(len(part) for part in parts),
         [loc.start for loc in locations],
         bytes_read,
         bytes_cached,

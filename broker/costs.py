@@ -26,7 +26,7 @@ import builtins
 import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +123,12 @@ class AccountingStore:
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         self._record("PUT", len(data), "in")
         self.inner.put_sync(key, data, if_absent=if_absent)
+
+    def put_parts_sync(
+        self, key: str, parts: Sequence[bytes | memoryview], *, if_absent: bool = False
+    ) -> None:
+        self._record("PUT", sum(len(part) for part in parts), "in")
+        self.inner.put_parts_sync(key, parts, if_absent=if_absent)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         data = await self.inner.get(key, start, end)

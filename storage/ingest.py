@@ -76,6 +76,16 @@ def encode_ingest_file(
     the locations, makes a block that goes between the last chunk and the footer (a
     journal object's batch table): readers of chunks never see it.
     """
+    parts, locations = encode_ingest_parts(chunks, table)
+    return b"".join(parts), locations
+
+
+def encode_ingest_parts(
+    chunks: Sequence[tuple[bytes, int, Sequence[bytes | memoryview]]],
+    table: Callable[[list[ChunkLocation]], bytes] | None = None,
+) -> tuple[list[bytes | memoryview], list[ChunkLocation]]:
+    """encode_ingest_file's object as the pieces it is made of, in order, the batches
+    among them as given (not copied): for a store that writes pieces as they are."""
     parts: list[bytes | memoryview] = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
     entries: list[bytes] = []
     locations: list[ChunkLocation] = []
@@ -101,7 +111,7 @@ def encode_ingest_file(
     footer = b"".join(entries)
     parts.append(footer)
     parts.append(_TRAILER.pack(len(footer), crc32c.crc32c(footer), MAGIC))
-    return b"".join(parts), locations
+    return parts, locations
 
 
 def footer_size(tail: bytes) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import builtins
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -101,6 +101,16 @@ class InjectedLatencyStore:
         time.sleep(self._draw(self._put_delay, "put"))
         try:
             self.inner.put_sync(key, data, if_absent=if_absent)
+        finally:
+            self._took(started)
+
+    def put_parts_sync(
+        self, key: str, parts: Sequence[bytes | memoryview], *, if_absent: bool = False
+    ) -> None:
+        started = time.monotonic()
+        time.sleep(self._draw(self._put_delay, "put"))
+        try:
+            self.inner.put_parts_sync(key, parts, if_absent=if_absent)
         finally:
             self._took(started)
 

@@ -38,7 +38,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -81,6 +81,7 @@ SYNC_PIECE = 2 << 20
 # afterwards: whoever reads it next reads the disk. A file system that refuses O_DIRECT
 # (tmpfs) gets buffered writes.
 DIRECT_ALIGN = 4096  # offset, length and buffer address of an O_DIRECT write
+IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev takes
 
 # A deleted object over DELETE_PIECE bytes has its blocks freed DELETE_PIECE at a time
 # (ftruncate, from its end) after its name is gone, not all at once by the unlink. On
@@ -173,6 +174,18 @@ class LocalObjectStore:
         await self._threads.run(partial(self.put_sync, key, data, if_absent=if_absent))
 
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        self._put(key, [data], len(data), if_absent)
+
+    def put_parts_sync(
+        self, key: str, parts: Sequence[bytes | memoryview], *, if_absent: bool = False
+    ) -> None:
+        """put_sync of the parts' bytes in order, written as they are (writev, or into
+        the O_DIRECT buffer) instead of joined first."""
+        self._put(key, parts, sum(len(part) for part in parts), if_absent)
+
+    def _put(
+        self, key: str, parts: Sequence[bytes | memoryview], size: int, if_absent: bool
+    ) -> None:
         path = self._path(key)
         self.stats["puts"] += 1
         self._wrapped(
@@ -180,13 +193,14 @@ class LocalObjectStore:
                 _put_file,
                 path,
                 key,
-                data,
+                parts,
+                size,
                 if_absent,
                 self.large_write_bytes_per_s,
                 self.large_writes_direct,
             )
         )
-        self.stats["bytes_put"] += len(data)
+        self.stats["bytes_put"] += size
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object; a negative start means the last -start bytes."""
@@ -319,7 +333,8 @@ def _check_range(start: int, end: int | None) -> None:
 def _put_file(
     path: str,
     key: str,
-    data: bytes,
+    parts: Sequence[bytes | memoryview],
+    size: int,
     if_absent: bool,
     large_bytes_per_s: float | None = None,
     large_direct: bool = False,
@@ -327,15 +342,15 @@ def _put_file(
     folder = os.path.dirname(path)
     _makedirs_durable(folder)
     tmp = os.path.join(folder, TEMP_PREFIX + secrets.token_hex(8))
-    large = len(data) > SYNC_PIECE
+    large = size > SYNC_PIECE
     fd, direct = _open_new(tmp, direct=large and large_direct)
     try:
         try:
             pace = large_bytes_per_s if large else None
             if direct:
-                _write_direct(fd, data, bytes_per_s=pace)
+                _write_direct(fd, parts, bytes_per_s=pace)
             else:
-                _write_all(fd, data, sync=large, bytes_per_s=pace)
+                _write_all(fd, parts, sync=large, bytes_per_s=pace)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -375,21 +390,31 @@ def _open_new(path: str, *, direct: bool) -> tuple[int, bool]:
     return os.open(path, flags, 0o644), False
 
 
-def _write_direct(fd: int, data: bytes, *, bytes_per_s: float | None = None) -> None:
-    """Write data to the empty file fd opened with O_DIRECT: each piece copied into an
-    aligned buffer, the last one padded to DIRECT_ALIGN with zeros and the file cut back
-    to len(data) after it; with `bytes_per_s`, no faster than that."""
-    view = memoryview(data)
-    size = len(view)
+def _write_direct(
+    fd: int, parts: Sequence[bytes | memoryview], *, bytes_per_s: float | None = None
+) -> None:
+    """Write the parts in order to the empty file fd opened with O_DIRECT: copied into an
+    aligned buffer WRITE_PIECE at a time, the last piece padded to DIRECT_ALIGN with
+    zeros and the file cut back to the parts' size after it; with `bytes_per_s`, no
+    faster than that."""
+    views = [memoryview(part) for part in parts if len(part)]
+    size = sum(len(view) for view in views)
     with mmap.mmap(-1, WRITE_PIECE) as buffer:  # page-aligned
         aligned = memoryview(buffer)
         try:
             position = 0
             began = time.monotonic()
-            while position < size:
+            views.reverse()  # taken from the end
+            while views:
                 _keep_pace(position, began, bytes_per_s)
-                n = min(WRITE_PIECE, size - position)
-                aligned[:n] = view[position : position + n]
+                n = 0
+                while views and n < WRITE_PIECE:
+                    view = views.pop()
+                    take = min(len(view), WRITE_PIECE - n)
+                    aligned[n : n + take] = view[:take]
+                    n += take
+                    if take < len(view):
+                        views.append(view[take:])
                 padded = -(-n // DIRECT_ALIGN) * DIRECT_ALIGN
                 if padded > n:
                     aligned[n:padded] = bytes(padded - n)
@@ -407,22 +432,41 @@ def _write_direct(fd: int, data: bytes, *, bytes_per_s: float | None = None) -> 
 
 
 def _write_all(
-    fd: int, data: bytes, *, sync: bool = False, bytes_per_s: float | None = None
+    fd: int,
+    parts: Sequence[bytes | memoryview],
+    *,
+    sync: bool = False,
+    bytes_per_s: float | None = None,
 ) -> None:
-    """Write data in pieces of at most WRITE_PIECE bytes; with `sync`, fdatasync each
-    SYNC_PIECE bytes written (the caller fsyncs the rest); with `bytes_per_s`, no faster
-    than that (a sleep before each piece that would run ahead of it)."""
-    view = memoryview(data)
+    """Write the parts in order, at most WRITE_PIECE bytes (and IOV_MAX parts) per
+    writev; with `sync`, fdatasync each SYNC_PIECE bytes written (the caller fsyncs the
+    rest); with `bytes_per_s`, no faster than that (a sleep before each piece that would
+    run ahead of it)."""
+    views = [memoryview(part) for part in parts if len(part)]
+    first = 0  # views[:first] are written
     unsynced = 0
     total = 0
     began = time.monotonic()
-    while view:
+    while first < len(views):
         _keep_pace(total, began, bytes_per_s)
-        written = os.write(fd, view[:WRITE_PIECE])
-        view = view[written:]
-        unsynced += written
+        piece: list[memoryview] = []
+        room = WRITE_PIECE
+        for view in views[first : first + IOV_MAX]:
+            piece.append(view[:room])
+            room -= len(piece[-1])
+            if not room:
+                break
+        written = os.writev(fd, piece)
         total += written
-        if sync and unsynced >= SYNC_PIECE and view:
+        unsynced += written
+        while written:  # drop what was written
+            if written >= len(views[first]):
+                written -= len(views[first])
+                first += 1
+            else:
+                views[first] = views[first][written:]
+                written = 0
+        if sync and unsynced >= SYNC_PIECE and first < len(views):
             os.fdatasync(fd)
             unsynced = 0
 

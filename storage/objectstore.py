@@ -8,6 +8,7 @@ All methods are async; blocking client libraries run in worker threads.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,6 +64,14 @@ class ObjectStore(Protocol):
 
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         """The blocking form of put, for a caller that is already in a worker thread."""
+        ...
+
+    def put_parts_sync(
+        self, key: str, parts: Sequence[bytes | memoryview], *, if_absent: bool = False
+    ) -> None:
+        """put_sync of the parts' bytes, in order: a store that can write them as they
+        are (the local store) does so instead of joining them first. Blocking, for a
+        caller in a worker thread."""
         ...
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:

@@ -46,7 +46,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -174,6 +174,12 @@ class S3ObjectStore:
         data = self._wrapped(partial(self._get, key, start, end))
         self.stats["bytes_got"] += len(data)
         return data
+
+    def put_parts_sync(
+        self, key: str, parts: Sequence[bytes | memoryview], *, if_absent: bool = False
+    ) -> None:
+        """put_sync of the parts joined (a PUT's body is one buffer)."""
+        self.put_sync(key, b"".join(parts), if_absent=if_absent)
 
     async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
         """get()'s bytes as a view (a GET's body is a copy of the store's anyway)."""

@@ -233,3 +233,27 @@ async def test_a_view_holds_what_get_returns(store: ObjectStore) -> None:
         assert in_thread == data[start:end] if end is not None else data[start:]
     with pytest.raises(ObjectNotFoundError):
         await store.get_view("missing", 0, 300_000)
+
+
+async def test_an_object_put_in_parts_is_their_bytes_in_order(store: ObjectStore) -> None:
+    """put_parts_sync stores the parts' bytes as one object: parts of any size, views
+    among them, more parts than one writev takes, parts across the pieces a store writes
+    at a time."""
+    blob = os.urandom(3 * 1024 * 1024 + 5)
+    shapes = {
+        "one": [blob],
+        "mixed": [b"head", memoryview(blob)[: 1 << 20], b"", memoryview(blob)[1 << 20 :], b"end"],
+        "many": [blob[i : i + 700] for i in range(0, 2_000 * 700, 700)],
+        "small": [b"a", b"", b"bc"],
+        "none": [],
+    }
+    for name, parts in shapes.items():
+        await anyio.to_thread.run_sync(
+            lambda parts=parts, name=name: store.put_parts_sync(name, parts, if_absent=True)
+        )
+        assert await store.get(name) == b"".join(parts), name
+    with pytest.raises(ObjectExistsError):
+        await anyio.to_thread.run_sync(
+            lambda: store.put_parts_sync("small", [b"other"], if_absent=True)
+        )
+    assert await store.get("small") == b"abc"
