@@ -36,8 +36,9 @@ Rules:
   connection and SQLite's busy wait off (a WAL reader rarely meets a lock); only if that
   is not possible now does it go to a worker thread. A cancelled `await` does not
   abandon the thread: the transaction always finishes (commit or rollback) and its
-  connection goes back to the pool clean. As with FoundationDB's `commit_unknown_result`, a cancelled caller cannot
-  know whether the transaction committed.
+  connection goes back to the pool clean. As with FoundationDB's
+  `commit_unknown_result`, a cancelled caller cannot know whether the transaction
+  committed.
 * `add` is FoundationDB's atomic ADD on 8-byte little-endian signed integers: a missing
   key counts as 0, a shorter stored value is zero-extended and a longer one truncated to 8
   bytes, and the sum wraps modulo 2**64 (two's complement), like FDB's i64 add. SQLite

@@ -240,29 +240,17 @@ class LocalObjectStore:
     def _view_file(self, path: str, key: str, start: int, end: int | None) -> memoryview:
         fd = _open_object(path, key)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ObjectNotFoundError(f"no such object: {key!r} (a folder)")
-            size = st.st_size
-            if start < 0:
-                start = max(0, size + start)
-            stop = size if end is None else min(end, size)
-            if stop - start < MAP_MIN or not self.mappings.take():
-                return memoryview(_read_range(fd, key, start, stop))
-            try:
+            start, stop = _bounds(fd, key, start, end)
+            if stop - start >= MAP_MIN and self.mappings.works:
                 _lock_shared(fd, key)
                 # A file being deleted loses pieces from its end (_delete_file) until
                 # it is closed; with the lock held, none.
                 if os.fstat(fd).st_size < stop:
                     raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
                 view = _map(self.mappings, fd, start, stop)
-            except BaseException:
-                self.mappings.give()
-                raise
-            if view is None:
-                self.mappings.give()
-                return memoryview(_read_range(fd, key, start, stop))
-            return view
+                if view is not None:
+                    return view
+            return memoryview(_read_range(fd, key, start, stop))
         finally:
             os.close(fd)  # a mapping keeps a duplicate, and with it the lock
 
@@ -482,23 +470,33 @@ def _keep_pace(written: int, began: float, bytes_per_s: float | None) -> None:
 
 def _map(mappings: _Mappings, fd: int, start: int, stop: int) -> memoryview | None:
     """Bytes [start, stop) of the open (and shared-locked) file as a populated mapping,
-    given back to `mappings` once gone; None where the kernel cannot populate one (then
-    no mapping is tried again). The caller has taken the mapping from `mappings`."""
-    offset = start - start % mmap.ALLOCATIONGRANULARITY
-    mapped = mmap.mmap(fd, stop - offset, prot=mmap.PROT_READ, offset=offset)
+    counted in `mappings` until it is gone; None for a range under MAP_MIN, past the
+    mappings' bound, or where the kernel cannot populate one (then no mapping is tried
+    again): the caller reads the range instead."""
+    if stop - start < MAP_MIN or not mappings.take():
+        return None
     try:
-        mapped.madvise(mmap.MADV_WILLNEED)
-        while True:
-            try:
-                mapped.madvise(MADV_POPULATE_READ)
-                break
-            except InterruptedError:  # a signal came first: what is populated stays
-                continue
+        offset = start - start % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, stop - offset, prot=mmap.PROT_READ, offset=offset)
+        try:
+            mapped.madvise(mmap.MADV_WILLNEED)
+            while True:
+                try:
+                    mapped.madvise(MADV_POPULATE_READ)
+                    break
+                except InterruptedError:  # a signal came first: what is populated stays
+                    continue
+        except BaseException:
+            mapped.close()
+            raise
     except OSError as exc:
-        mapped.close()
+        mappings.give()
         if exc.errno == errno.EINVAL:  # a kernel before 5.14
             mappings.works = False
             return None
+        raise
+    except BaseException:
+        mappings.give()
         raise
     weakref.finalize(mapped, mappings.give)
     return memoryview(mapped)[start - offset :]
@@ -522,16 +520,19 @@ def _lock_shared(fd: int, key: str) -> None:
 def _read_file(path: str, key: str, start: int, end: int | None) -> bytes:
     fd = _open_object(path, key)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ObjectNotFoundError(f"no such object: {key!r} (a folder)")
-        size = st.st_size
-        if start < 0:
-            start = max(0, size + start)
-        stop = size if end is None else min(end, size)
-        return _read_range(fd, key, start, stop)
+        return _read_range(fd, key, *_bounds(fd, key, start, end))
     finally:
         os.close(fd)
+
+
+def _bounds(fd: int, key: str, start: int, end: int | None) -> tuple[int, int]:
+    """[start, stop) of the open file that a get of [start, end) reads (see get)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ObjectNotFoundError(f"no such object: {key!r} (a folder)")
+    if start < 0:
+        start = max(0, st.st_size + start)
+    return start, st.st_size if end is None else min(end, st.st_size)
 
 
 def _read_range(fd: int, key: str, start: int, stop: int) -> bytes:
@@ -562,23 +563,13 @@ class _LocalRangeStream:
         """The next n bytes: mapped (the module's rules) when n is MAP_MIN or more."""
         if self._end is not None:
             n = min(n, self._end - self._position)
-        mappings = self._store.mappings
-        if n >= MAP_MIN and mappings.take():
-            try:
-                stop = min(self._position + n, os.fstat(self._fd).st_size)
-                view = (
-                    _map(mappings, self._fd, self._position, stop)
-                    if stop > self._position
-                    else None
-                )
-            except BaseException:
-                mappings.give()
-                raise
+        if n >= MAP_MIN:
+            stop = min(self._position + n, os.fstat(self._fd).st_size)
+            view = _map(self._store.mappings, self._fd, self._position, stop)
             if view is not None:
                 self._position += len(view)
                 self._store.stats["bytes_got"] += len(view)
                 return view
-            mappings.give()
         chunks: list[bytes] = []
         while n > 0:
             chunk = os.pread(self._fd, n, self._position)
