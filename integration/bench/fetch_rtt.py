@@ -2,7 +2,7 @@
 the client's.
 
 `.venv/bin/python integration/bench/fetch_rtt.py [--systems kafka,bucketlog] [--rounds 3]
-[--records 300000] [--out FILE.md]` starts each system in turn (as run.py does: Kafka
+[--records 300000] [--think-ms 0,2,5] [--out FILE.md]` starts each system in turn (as run.py does: Kafka
 with its defaults, one bucketlog agent with the embedded stores), warms it up, writes
 RECORDS 1 KiB records into one partition with Kafka's ProducerPerformance, and then,
 ROUNDS times over the same topic:
@@ -13,7 +13,11 @@ ROUNDS times over the same topic:
   each round trip is timed from the request's first byte sent to the answer's last byte
   received, and nothing else (the answer is parsed after the clock stops). It gives the
   round trips' p50, p90 and mean, the MB/s of the round trips alone, and the broker's
-  CPU seconds per GB over the loop (every thread and child process of the broker);
+  CPU seconds per GB over the loop (every thread and child process of the broker, user
+  and system apart). With --think-ms the loop is run once per value given, sleeping
+  that long after each answer before it sends the next request, as a consumer does
+  while its application handles the records: the broker then waits idle between
+  requests, as it does for a real consumer;
 - ConsumerPerformance (Kafka's tool, a fresh JVM and a fresh group each time) reading
   the same records: its fetch MB/s (the time of the group join taken out) and the
   broker's CPU seconds per GB over the whole run of the tool.
@@ -91,12 +95,24 @@ def next_offset(frame: bytearray, offset: int) -> tuple[int, int]:
     return offset, position
 
 
-def raw_loop(system: bench.System, records: int) -> dict[str, float]:
+def cpu_split(root: int) -> tuple[float, float]:
+    """User and system CPU seconds of the process tree under root."""
+    user = system = 0
+    for pid in bench.proc_tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user, system = user + int(fields[11]), system + int(fields[12])
+    return user / bench.CLK_TCK, system / bench.CLK_TCK
+
+
+def raw_loop(system: bench.System, records: int, think_ms: float = 0) -> dict[str, float]:
     host, port = system.bootstrap.rsplit(":", 1)
     rtts: list[float] = []
     total = 0
     offset = 0
-    cpu_before = bench.tree_cpu_seconds(system.root_pid)
+    user_before, sys_before = cpu_split(system.root_pid)
     with socket.create_connection((host, int(port))) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         while offset < records:
@@ -111,7 +127,10 @@ def raw_loop(system: bench.System, records: int) -> dict[str, float]:
             if after == offset:
                 raise RuntimeError(f"no whole batch in the answer at offset {offset}")
             offset, total = after, total + used
-    cpu = bench.tree_cpu_seconds(system.root_pid) - cpu_before
+            if think_ms:
+                time.sleep(think_ms / 1000)
+    user_after, sys_after = cpu_split(system.root_pid)
+    user, system_cpu = user_after - user_before, sys_after - sys_before
     ms = sorted(r * 1000 for r in rtts)
     return {
         "fetches": len(ms),
@@ -120,7 +139,10 @@ def raw_loop(system: bench.System, records: int) -> dict[str, float]:
         "rtt_p90_ms": round(ms[int(len(ms) * 0.9)], 3),
         "rtt_mean_ms": round(statistics.mean(ms), 3),
         "rtt_mb_s": round(total / 1e6 / sum(rtts), 1),
-        "broker_cpu_s_per_gb": round(cpu / (total / 1e9), 2),
+        "broker_cpu_s_per_gb": round((user + system_cpu) / (total / 1e9), 2),
+        "broker_user_s_per_gb": round(user / (total / 1e9), 2),
+        "broker_system_s_per_gb": round(system_cpu / (total / 1e9), 2),
+        "think_ms": think_ms,
     }
 
 
@@ -132,7 +154,7 @@ def consumer_perf(system: bench.System, records: int) -> dict[str, float]:
     return {"mb_s": result["mb_s"], "broker_cpu_s_per_gb": result["broker_cpu_s_per_gb"]}
 
 
-def bench_system(name: str, rounds: int, records: int) -> list[dict[str, Any]]:
+def bench_system(name: str, rounds: int, records: int, thinks: list[float]) -> list[dict[str, Any]]:
     system: bench.System = bench.Kafka() if name == "kafka" else bench.Bucketlog(1)
     system.start()
     try:
@@ -143,7 +165,10 @@ def bench_system(name: str, rounds: int, records: int) -> list[dict[str, Any]]:
         bench.producers_perf(system.bootstrap, TOPIC, 1, records, "none")
         out = []
         for round_ in range(rounds):
-            row = {"raw": raw_loop(system, records), "tool": consumer_perf(system, records)}
+            row = {
+                "raw": [raw_loop(system, records, think) for think in thinks],
+                "tool": consumer_perf(system, records),
+            }
             print(f"[{datetime.datetime.now():%H:%M:%S}] {name} round {round_ + 1}: {row}")
             out.append(row)
         return out
@@ -153,19 +178,25 @@ def bench_system(name: str, rounds: int, records: int) -> list[dict[str, Any]]:
 
 def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = [
-        "| system | round | raw loop: fetches | RTT p50 / p90 / mean ms | MB/s of the round "
-        "trips | broker CPU s/GB | ConsumerPerformance fetch MB/s | its broker CPU s/GB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| system | round | raw loop: think ms | fetches | RTT p50 / p90 / mean ms | MB/s of "
+        "the round trips | broker CPU s/GB (user / system) | ConsumerPerformance fetch MB/s "
+        "| its broker CPU s/GB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():
         for index, row in enumerate(rows, 1):
-            raw, tool = row["raw"], row["tool"]
-            lines.append(
-                f"| {name} | {index} | {raw['fetches']} | {raw['rtt_p50_ms']:.2f} / "
-                f"{raw['rtt_p90_ms']:.2f} / {raw['rtt_mean_ms']:.2f} | {raw['rtt_mb_s']:.0f} | "
-                f"{raw['broker_cpu_s_per_gb']:.2f} | {tool['mb_s']:.1f} | "
-                f"{tool['broker_cpu_s_per_gb']:.2f} |"
-            )
+            tool = row["tool"]
+            for n, raw in enumerate(row["raw"]):
+                tool_cells = (
+                    f"{tool['mb_s']:.1f} | {tool['broker_cpu_s_per_gb']:.2f}" if n == 0 else " | "
+                )
+                lines.append(
+                    f"| {name} | {index} | {raw['think_ms']:g} | {raw['fetches']} | "
+                    f"{raw['rtt_p50_ms']:.2f} / {raw['rtt_p90_ms']:.2f} / "
+                    f"{raw['rtt_mean_ms']:.2f} | {raw['rtt_mb_s']:.0f} | "
+                    f"{raw['broker_cpu_s_per_gb']:.2f} ({raw['broker_user_s_per_gb']:.2f} / "
+                    f"{raw['broker_system_s_per_gb']:.2f}) | {tool_cells} |"
+                )
     return lines
 
 
@@ -174,12 +205,18 @@ def main() -> int:
     parser.add_argument("--systems", default="kafka,bucketlog")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument(
+        "--think-ms",
+        default="0",
+        help="comma-separated pauses after each answer of the raw loop, one loop per value",
+    )
     parser.add_argument("--out", help="write the table (.md) and the figures (.json) here")
     args = parser.parse_args()
+    thinks = [float(value) for value in args.think_ms.split(",") if value]
     started = datetime.datetime.now(datetime.UTC)
     machine = bench.machine()
     results = {
-        name: bench_system(name, args.rounds, args.records)
+        name: bench_system(name, args.rounds, args.records, thinks)
         for name in args.systems.split(",")
         if name
     }
@@ -187,7 +224,8 @@ def main() -> int:
         "# One Fetch in flight: round trips and ConsumerPerformance",
         "",
         f"{started:%Y-%m-%d %H:%M} UTC, {args.records:,} records of 1 KiB in one partition,"
-        f" {args.rounds} rounds per system. Machine: {machine}",
+        f" {args.rounds} rounds per system, raw loops with {args.think_ms} ms between an"
+        f" answer and the next request. Machine: {machine}",
         "",
         *table(results),
     ]
