@@ -2,7 +2,8 @@
 run.py that the change targets.
 
 Usage: integration/bench/paired.py --a "LABEL=ARGS" --b "LABEL=ARGS" [--runs 3]
-           [--workloads produce-1p,consume-1p,python-confluent-kafka] [--out FILE.md]
+           [--workloads produce-1p,consume-1p,python-confluent-kafka,half-load,end-to-end]
+           [--half-load-rate 30000] [--out FILE.md]
 
 A variant is a label and the extra `bucketlog serve` arguments (e.g. "asyncio=--event-loop
 asyncio"); `BENCH_BUCKETLOG_A` / `BENCH_BUCKETLOG_B` may name another command for each
@@ -10,7 +11,10 @@ asyncio"); `BENCH_BUCKETLOG_A` / `BENCH_BUCKETLOG_B` may name another command fo
 variant in turn (the order alternates run by run: AB, BA, AB, ...), warms it up, runs the
 workloads once, and stops it, so that both variants see the machine in the same states.
 Figures are run.py's: MB/s of the tool, broker CPU s per GB, GETs and metadata reads per
-GB. The table gives every run and the medians.
+GB; for half-load (one Java producer at a fixed `--half-load-rate` records/s for 12 s)
+the steady-state produce p99 after 2 s of warm-up, and for end-to-end (run.py's: 1,000
+records/s for 12 s, a tailing consumer) the produce and end-to-end p99. The table gives
+every run and the medians.
 """
 
 from __future__ import annotations
@@ -29,11 +33,22 @@ import run as bench  # noqa: E402
 RECORDS = 150_000
 PY_RECORDS = 500_000
 WARM_UP = 100_000
-WORKLOADS = ("produce-1p", "consume-1p", "python-confluent-kafka")
-FIGURES = ("mb_s", "produce_mb_s", "consume_mb_s", "broker_cpu_s_per_gb", "p99_ms")
+WORKLOADS = ("produce-1p", "consume-1p", "python-confluent-kafka", "half-load", "end-to-end")
+FIGURES = (
+    "mb_s",
+    "produce_mb_s",
+    "consume_mb_s",
+    "broker_cpu_s_per_gb",
+    "p99_ms",
+    "produce_p99_ms",
+    "e2e_p99_ms",
+    "puts_per_gb",
+)
 
 
-def one_run(label: str, extra: list[str], command: str | None, workloads: list[str]) -> dict:
+def one_run(
+    label: str, extra: list[str], command: str | None, workloads: list[str], half_rate: int
+) -> dict:
     previous = os.environ.get("BENCH_BUCKETLOG")
     if command:
         os.environ["BENCH_BUCKETLOG"] = command
@@ -75,6 +90,24 @@ def one_run(label: str, extra: list[str], command: str | None, workloads: list[s
                 2 * PY_RECORDS * bench.RECORD_SIZE / 1e6,
                 lambda: bench.python_workload(system.bootstrap, py, PY_RECORDS),
             )
+        if "half-load" in workloads:
+            half = f"half-{label}"
+            bench.create_topic(system.bootstrap, half, 1)
+            out["half-load"] = bench.measure(
+                system,
+                half_rate * 12 * bench.RECORD_SIZE / 1e6,
+                lambda: bench.producers_perf(
+                    system.bootstrap, half, 1, half_rate * 12, "none", half_rate, half_rate * 2
+                ),
+            )
+        if "end-to-end" in workloads:
+            e2e = f"e2e-{label}"
+            bench.create_topic(system.bootstrap, e2e, 1)
+            out["end-to-end"] = bench.measure(
+                system,
+                1000 * 12 * bench.RECORD_SIZE / 1e6,
+                lambda: bench.end_to_end(system.bootstrap, e2e, 1000, 12),
+            )
     finally:
         system.stop()
     return out
@@ -113,7 +146,10 @@ def main() -> int:
     parser.add_argument("--a", required=True, help="LABEL=ARGS of the first variant")
     parser.add_argument("--b", required=True, help="LABEL=ARGS of the second variant")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS[:3]))
+    parser.add_argument(
+        "--half-load-rate", type=int, default=30_000, help="records/s of the half-load workload"
+    )
     parser.add_argument("--out", help="write the table to this markdown file too")
     args = parser.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]
@@ -128,7 +164,7 @@ def main() -> int:
         order = [0, 1] if run % 2 == 0 else [1, 0]
         for index in order:
             label, extra = variants[index]
-            result = one_run(label, extra, commands[index], workloads)
+            result = one_run(label, extra, commands[index], workloads, args.half_load_rate)
             results[label].append(result)
             summary = {w: {f: r[f] for f in FIGURES if f in r} for w, r in result.items()}
             print(f"[{datetime.datetime.now():%H:%M:%S}] run {run + 1} {label}: {summary}")
