@@ -255,10 +255,21 @@ class BrokerConfig:
 
     @property
     def resolved_flush_interval_ms(self) -> int:
+        """The flush interval of the lightning topics' journal (and of the ingest
+        pipeline on S3)."""
         if self.flush_interval_ms is not None:
             return self.flush_interval_ms
         # A local folder costs nothing per write; every S3 PUT costs money.
         return 2 if self.is_local_store else 250
+
+    @property
+    def ingest_flush_interval_ms(self) -> int | None:
+        """The ingest pipeline's flush interval; None: none (a local folder's, unless
+        set): a flush starts when the upload in flight returns, and batches wait for
+        nothing else (broker.ingest, flush_when_idle)."""
+        if self.flush_interval_ms is None and self.is_local_store:
+            return None
+        return self.resolved_flush_interval_ms
 
     @property
     def resolved_put_hedge_percentile(self) -> float | None:

@@ -350,3 +350,66 @@ async def test_with_flush_when_idle_batches_wait_for_the_flush_in_flight_then_go
     assert all(r.error == ErrorCode.none for r in results)
     assert pipeline.stats.flushes == 2 and setup.store.stats["puts"] == 2
     assert setup.values(0) == [b"first-0", b"b0-0"]
+
+
+async def test_with_flush_when_idle_a_flush_uploads_while_the_one_before_commits(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """What arrives while a flush commits waits for no more than the upload before it:
+    its own upload runs beside that commit, and both are committed in order after."""
+    started = {n: threading.Event() for n in (2, 3)}
+    setup.store.before_put = lambda n: started[n].set() if n in started else None
+    pipeline = setup.pipeline(flush_interval_ms=3_600_000, flush_when_idle=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        await append_all(pipeline, setup.topic.topic_id, [(0, b"warm")])
+        # Another process holds SQLite's write lock: the next commit waits for it.
+        blocker = sqlite3.connect(tmp_path / "meta.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            first = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"first"))
+            assert await anyio.to_thread.run_sync(started[2].wait, 5)
+            second = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"second"))
+            # Well inside the commit's retry deadline (1 s).
+            assert await anyio.to_thread.run_sync(started[3].wait, 0.5), "second upload waits"
+            assert not first.done(), "the first flush is still committing"
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        with anyio.fail_after(10):
+            results = [await first.wait(), await second.wait()]
+        tg.cancel_scope.cancel()
+    assert [(r.error, r.base_offset) for r in results] == [(ErrorCode.none, 1), (ErrorCode.none, 2)]
+    assert setup.values(0) == [b"warm-0", b"first-0", b"second-0"]
+
+
+async def test_with_flush_when_idle_an_interval_given_caps_the_wait_for_the_upload(
+    setup: Setup,
+) -> None:
+    """With an interval, a batch waits for the upload in flight no longer than it: then
+    it goes in a flush of its own, beside that upload. Without one (None), it waits for
+    the upload, and a pipeline that does not flush when idle needs one."""
+    release, second_started = threading.Event(), threading.Event()
+
+    def before_put(n: int) -> None:
+        if n == 1:
+            release.wait(10)
+        else:
+            second_started.set()
+
+    setup.store.before_put = before_put
+    pipeline = setup.pipeline(flush_interval_ms=50, flush_when_idle=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        first = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"first"))
+        await anyio.sleep(0.02)
+        second = pipeline.enqueue(setup.topic.topic_id, 1, *batch(b"second"))
+        assert await anyio.to_thread.run_sync(second_started.wait, 5), "it went after 50 ms"
+        release.set()
+        with anyio.fail_after(10):
+            results = [await first.wait(), await second.wait()]
+        tg.cancel_scope.cancel()
+    assert all(r.error == ErrorCode.none for r in results)
+    assert pipeline.stats.flushes == 2
+    with pytest.raises(ValueError, match="flush interval"):
+        setup.pipeline(flush_interval_ms=None)
