@@ -65,7 +65,7 @@ from protocol.records import (
     rebase_batches,
 )
 from storage.cleaner import CleanedBatch, CleanerStats, KeyMap, LastBatch, build_key_map, clean
-from storage.ingest import encode_ingest_file, new_object_key
+from storage.ingest import encode_ingest_parts, new_object_key
 from storage.objectstore import ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -285,7 +285,9 @@ def _entries_between(
 
 def _entry_batches(store: ObjectStore, entry: ChunkEntry) -> list[RecordBatchView]:
     """The entry's batches, numbered with their offsets; they must hold exactly those."""
-    data = store.get_sync(entry.object_key, entry.start, entry.start + entry.length)
+    # A view (the file mapped, for a large range of the local store): the rebase below
+    # is the one copy of the bytes.
+    data = store.get_view_sync(entry.object_key, entry.start, entry.start + entry.length)
     if len(data) != entry.length:
         raise ValueError(f"{entry.object_key} ends inside [{entry.start}, +{entry.length})")
     batches = list(iter_batches(rebase_batches(data, entry.base_offset)))
@@ -440,10 +442,13 @@ def clean_round(
         outputs: list[ChunkEntry] = []
         if kept:
             object_key = new_object_key(OUTPUT_PREFIX)
-            data, (location,) = encode_ingest_file([(topic_id, partition, [b.data for b in kept])])
+            parts, (location,) = encode_ingest_parts(
+                [(topic_id, partition, [b.data for b in kept])]
+            )
             outputs = _output_entries(object_key, kept, location.batch_starts, settings.entry_bytes)
-            store.put_sync(object_key, data, if_absent=True)
-            size = len(data)
+            # Written from its pieces (the kept batches where they are), not joined first.
+            store.put_parts_sync(object_key, parts, if_absent=True)
+            size = sum(len(part) for part in parts)
         faults.point("cleaning.after_upload")
         result = kv.transact_sync(
             partial(

@@ -195,3 +195,55 @@ async def test_cleaning_cpu_is_counted_in_the_thread_that_cleans(setup):
     # Decompressing and compressing 4 MB again takes tens of milliseconds of the worker
     # thread; the event loop's own thread idles meanwhile.
     assert cleaner.stats.cpu_seconds >= 0.02, cleaner.stats
+
+
+class _PiecesStore(LocalObjectStore):
+    """A local store that records how the cleaner reads and writes: an object written
+    whole (put_sync) fails the test, and reads are counted by kind."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.parts_written: list[list[int]] = []
+        self.views = self.copies = 0
+
+    def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
+        if key.startswith("ingest/"):  # the test's own writes
+            return super().put_sync(key, data, if_absent=if_absent)
+        raise AssertionError(f"{key} written joined")
+
+    def put_parts_sync(self, key, parts, *, if_absent: bool = False) -> None:
+        self.parts_written.append([len(part) for part in parts])
+        super().put_parts_sync(key, parts, if_absent=if_absent)
+
+    def get_sync(self, key, start=0, end=None):
+        self.copies += 1
+        return super().get_sync(key, start, end)
+
+    def get_view_sync(self, key, start=0, end=None):
+        self.views += 1
+        return super().get_view_sync(key, start, end)
+
+
+async def test_a_round_reads_views_and_writes_its_output_from_the_kept_batches(tmp_path):
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+    store = _PiecesStore(str(tmp_path / "objects"))
+    try:
+        topic = kv.transact_sync(
+            lambda tr: topics.create_topic(tr, SUB, "t", uuid.uuid4().bytes, 1, {}, 0)
+        )
+        # Two 600 KB batches of distinct keys (kept as they are) and a batch that
+        # replaces one of their keys: the entries hold more than a mapped read's least.
+        big = [(b"k%d" % i, bytes(1000)) for i in range(600)]
+        _produce(kv, store, topic, [big[:300], big[300:]])  # 0-599
+        _produce(kv, store, topic, [[(b"k0", b"new")]])  # 600
+        assert await _clean(kv, store, topic) == 1
+        # Every read of the round was a view, none a copy.
+        assert store.views >= 2 and store.copies == 0
+        records = _read_log(kv, store, topic)
+        assert len(records) == 600 and records[-1] == (600, b"k0", b"new")
+        # The output went to the store as pieces: the file's head, each kept batch,
+        # and the footer and trailer, never one joined buffer.
+        (parts,) = store.parts_written
+        assert len(parts) >= 4 and max(parts) < sum(parts)
+    finally:
+        kv.close()
