@@ -242,9 +242,9 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "flush-interval-ms",
         int,
         None,
-        "longest a produced batch waits for its flush (default: 250 on S3; on a local"
-        " folder none: a batch waits for the upload in flight, if any; lightning topics'"
-        " journal 2)",
+        "longest a produced batch waits for its flush (default: 10 local, where a flush"
+        " also starts when no upload is in flight; 250 S3; lightning topics' journal:"
+        " 2 local)",
     ),
     ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
     (

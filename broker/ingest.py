@@ -4,10 +4,8 @@ Batches from every connection and partition collect in one buffer. A flush start
 the buffer holds `flush_bytes` or its oldest batch has waited `flush_interval_ms`, and,
 with `flush_when_idle` (the local store's), as soon as no upload is in flight: a batch
 reaching an idle pipeline goes at once, and those that arrive while a flush uploads go
-together when its upload returns (or the interval ends; None: no interval), their
-upload beside its commit. Waiting for the upload rather than an interval of 2 ms made
-fewer, larger flushes and took a quarter off the agent's CPU per GB of one Java
-producer (integration/bench/README.md, fourteenth pass). Each flush uploads one ingest file (if-absent) in a worker thread and then
+together when its upload returns (or the interval ends), their upload beside its
+commit. Each flush uploads one ingest file (if-absent) in a worker thread and then
 waits for its commit. Uploads may overlap; commits happen strictly in flush order, so a
 producer's pipelined requests keep their order. No batch is answered before its object
 is durable and its commit is done.
@@ -29,7 +27,6 @@ for the chaos tests to catch.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,7 +106,7 @@ class IngestPipeline:
         cache: ObjectCache,
         notifier: Notifier,
         *,
-        flush_interval_ms: int | None,
+        flush_interval_ms: int,
         flush_bytes: int,
         max_concurrent_flushes: int = MAX_CONCURRENT_FLUSHES,
         max_commit_delay_ms: int | None = None,
@@ -127,9 +124,7 @@ class IngestPipeline:
         self._store = store
         self._cache = cache
         self._notifier = notifier
-        if flush_interval_ms is None and not flush_when_idle:
-            raise ValueError("a flush interval is needed without flush_when_idle")
-        self._interval = math.inf if flush_interval_ms is None else flush_interval_ms / 1000
+        self._interval = flush_interval_ms / 1000
         self._flush_bytes = flush_bytes
         self._max_commit_delay = None if max_commit_delay_ms is None else max_commit_delay_ms / 1000
         # Held by each flush from its start until its commit is done (or it failed).

@@ -1,10 +1,8 @@
-"""`serve --flush-interval-ms N`: 250 ms on S3; on a local folder no interval for the
-ingest pipeline unless set (a flush goes when the upload in flight returns) and 2 ms for
-the lightning topics' journal; a value given is what both pipelines use."""
+"""`serve --flush-interval-ms N`: 250 ms on S3; on a local folder 10 ms for the ingest
+pipeline (where a flush also goes when no upload is in flight) and 2 ms for the
+lightning topics' journal; a value given is what both pipelines use."""
 
 from __future__ import annotations
-
-import math
 
 import anyio
 import pytest
@@ -21,7 +19,7 @@ def config_of(*argv: str) -> BrokerConfig:
 def test_defaults_by_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BUCKETLOG_FLUSH_INTERVAL_MS", raising=False)
     local = config_of()
-    assert (local.ingest_flush_interval_ms, local.resolved_flush_interval_ms) == (None, 2)
+    assert (local.ingest_flush_interval_ms, local.resolved_flush_interval_ms) == (10, 2)
     s3 = config_of("--storage", "s3://bucket/p")
     assert (s3.ingest_flush_interval_ms, s3.resolved_flush_interval_ms) == (250, 250)
     given = config_of("--flush-interval-ms", "7")
@@ -33,7 +31,7 @@ def test_defaults_by_store(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_agents_pipelines_take_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
     agent = Agent.open(BrokerConfig(data_dir=str(tmp_path / "a")))
     try:
-        assert agent.pipeline._interval == math.inf and agent.pipeline._flush_when_idle
+        assert agent.pipeline._interval == 0.010 and agent.pipeline._flush_when_idle
         assert agent.journal._interval == 0.002
     finally:
         anyio.run(agent.aclose)

@@ -386,9 +386,8 @@ async def test_with_flush_when_idle_a_flush_uploads_while_the_one_before_commits
 async def test_with_flush_when_idle_an_interval_given_caps_the_wait_for_the_upload(
     setup: Setup,
 ) -> None:
-    """With an interval, a batch waits for the upload in flight no longer than it: then
-    it goes in a flush of its own, beside that upload. Without one (None), it waits for
-    the upload, and a pipeline that does not flush when idle needs one."""
+    """A batch waits for the upload in flight no longer than the interval: then it goes
+    in a flush of its own, beside that upload."""
     release, second_started = threading.Event(), threading.Event()
 
     def before_put(n: int) -> None:
@@ -411,5 +410,3 @@ async def test_with_flush_when_idle_an_interval_given_caps_the_wait_for_the_uplo
         tg.cancel_scope.cancel()
     assert all(r.error == ErrorCode.none for r in results)
     assert pipeline.stats.flushes == 2
-    with pytest.raises(ValueError, match="flush interval"):
-        setup.pipeline(flush_interval_ms=None)
