@@ -114,7 +114,7 @@ class Agent:
             store,
             self.cache,
             self.notifier,
-            flush_interval_ms=config.ingest_flush_interval_ms,
+            flush_interval_ms=config.resolved_flush_interval_ms,
             flush_bytes=config.resolved_flush_bytes,
             # An object the orphan sweep may delete must never be committed after.
             max_commit_delay_ms=config.orphan_min_age_ms // 2,

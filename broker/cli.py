@@ -242,9 +242,7 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "flush-interval-ms",
         int,
         None,
-        "longest a produced batch waits for its flush (default: 10 local, where a flush"
-        " also starts when no upload is in flight; 250 S3; lightning topics' journal:"
-        " 2 local)",
+        "longest a produced batch waits for its flush (default: 2 local, 250 S3)",
     ),
     ("flush-bytes", int, None, "flush when this many bytes are buffered (default 4 MiB)"),
     (

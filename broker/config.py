@@ -14,12 +14,6 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 # ssl.client.auth values
 SSL_CLIENT_AUTH = ("none", "requested", "required")
-# The ingest pipeline's flush interval on a local folder, where a flush also starts as
-# soon as no upload is in flight: the longest a batch waits behind a slow upload. 2 ms
-# started nearly every flush of one Java producer beside the one before it (a quarter
-# more CPU per GB); with no bound a stalled upload held the half-load p99 for hundreds
-# of milliseconds (integration/bench/README.md, fourteenth pass).
-LOCAL_INGEST_FLUSH_INTERVAL_MS = 10
 
 # Topic configs a topic reports when it sets none itself (Apache Kafka's defaults).
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
@@ -261,22 +255,10 @@ class BrokerConfig:
 
     @property
     def resolved_flush_interval_ms(self) -> int:
-        """The flush interval of the lightning topics' journal (and of the ingest
-        pipeline on S3)."""
         if self.flush_interval_ms is not None:
             return self.flush_interval_ms
         # A local folder costs nothing per write; every S3 PUT costs money.
         return 2 if self.is_local_store else 250
-
-    @property
-    def ingest_flush_interval_ms(self) -> int:
-        """The ingest pipeline's flush interval. On a local folder a flush also starts as
-        soon as no upload is in flight (broker.ingest, flush_when_idle); there the
-        interval, 10 ms unless set, only bounds how long a batch waits behind a slow
-        upload before it goes beside it."""
-        if self.flush_interval_ms is None and self.is_local_store:
-            return LOCAL_INGEST_FLUSH_INTERVAL_MS
-        return self.resolved_flush_interval_ms
 
     @property
     def resolved_put_hedge_percentile(self) -> float | None:

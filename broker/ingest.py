@@ -2,13 +2,13 @@
 
 Batches from every connection and partition collect in one buffer. A flush starts when
 the buffer holds `flush_bytes` or its oldest batch has waited `flush_interval_ms`, and,
-with `flush_when_idle` (the local store's), as soon as no upload is in flight: a batch
-reaching an idle pipeline goes at once, and those that arrive while a flush uploads go
-together when its upload returns (or the interval ends), their upload beside its
-commit. Each flush uploads one ingest file (if-absent) in a worker thread and then
-waits for its commit. Uploads may overlap; commits happen strictly in flush order, so a
-producer's pipelined requests keep their order. No batch is answered before its object
-is durable and its commit is done.
+with `flush_when_idle` (the local store's), as soon as no flush is in flight: a batch
+reaching an idle pipeline goes at once, and those that arrive while flushes upload and
+commit go together when the last of them is answered (or the interval ends). Each
+flush uploads one ingest file (if-absent) in a worker thread and then waits for its
+commit. Uploads may overlap; commits happen strictly in flush order, so a producer's
+pipelined requests keep their order. No batch is answered before its object is durable
+and its commit is done.
 
 One committer task owns the commit side: it takes the uploaded flushes in flush order
 and commits every one that is ready, in one metadata transaction (group commit; each
@@ -136,9 +136,8 @@ class IngestPipeline:
         self._buffered_bytes = 0
         self._oldest = 0.0
         self._arrived = anyio.Event()
-        self._full = anyio.Event()  # the buffer holds flush_bytes, or no upload is in flight
+        self._full = anyio.Event()  # the buffer holds flush_bytes, or no flush is in flight
         self._flush_when_idle = flush_when_idle
-        self._uploading = 0  # flushes started whose upload has not returned
         # Flush order: run() numbers flushes; the committer commits them in that order.
         self._next_flush = 0
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
@@ -147,6 +146,10 @@ class IngestPipeline:
         self._hedged_threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self._uploads = ThreadPool(max_concurrent_flushes, "upload")
         self.stats = PipelineStats()
+
+    @property
+    def _no_flush_in_flight(self) -> bool:
+        return self._flush_slots.value == self._flush_slots.max_value
 
     @property
     def buffered_bytes(self) -> int:
@@ -192,7 +195,7 @@ class IngestPipeline:
                 await self._arrived.wait()
                 deadline = self._oldest + self._interval
                 while self._buffered_bytes < self._flush_bytes:
-                    if self._flush_when_idle and not self._uploading:
+                    if self._flush_when_idle and self._no_flush_in_flight:
                         break
                     remaining = deadline - anyio.current_time()
                     if remaining <= 0:
@@ -205,7 +208,6 @@ class IngestPipeline:
                 self._arrived = anyio.Event()
                 self._full = anyio.Event()
                 seq, self._next_flush = self._next_flush, self._next_flush + 1
-                self._uploading += 1
                 tg.start_soon(self._flush, items, seq)
 
     async def _flush(self, items: list[_Queued], seq: int) -> None:
@@ -213,20 +215,17 @@ class IngestPipeline:
         flush: _Flush | None = None
         try:
             try:
-                try:
-                    flush = self._prepare(items, seq)
-                    # Into the cache first: no reader looks for this key before its commit.
-                    self._cache.put(flush.key, flush.data)
-                    began = time.monotonic()
-                    with charge(partial(self._weights, items)):
-                        if self._hedge is not None:
-                            await self._hedge.put(flush.key, flush.data, self._hedged_threads)
-                        else:
-                            await self._uploads.run(
-                                partial(self._store.put_sync, flush.key, flush.data, if_absent=True)
-                            )
-                finally:
-                    self._upload_returned()
+                flush = self._prepare(items, seq)
+                # Into the cache first: no reader looks for this key before its commit.
+                self._cache.put(flush.key, flush.data)
+                began = time.monotonic()
+                with charge(partial(self._weights, items)):
+                    if self._hedge is not None:
+                        await self._hedge.put(flush.key, flush.data, self._hedged_threads)
+                    else:
+                        await self._uploads.run(
+                            partial(self._store.put_sync, flush.key, flush.data, if_absent=True)
+                        )
             except Exception as exc:  # nothing of it is acked
                 if flush is None:
                     logger.exception("flush of %d batches failed", len(items))
@@ -248,6 +247,8 @@ class IngestPipeline:
             if seq not in self._uploaded and seq >= self._next_commit:
                 self._hand_over(seq, None)  # cancelled: do not hold back the others
             self._flush_slots.release()
+            if self._flush_when_idle and self._no_flush_in_flight and self._buffer:
+                self._full.set()  # what waits for a flush goes now
         touched = set()
         for item, result in zip(items, results, strict=True):
             item.promise.set(result)
@@ -256,13 +257,6 @@ class IngestPipeline:
             self.meter.flush_end_to_end.observe(anyio.current_time() - flush.started_at)
         for key in touched:
             self._notifier.notify(key)
-
-    def _upload_returned(self) -> None:
-        """A flush's upload is over (done, failed or cancelled): with flush_when_idle, what
-        waited for the uploads in flight goes now, its upload beside their commits."""
-        self._uploading -= 1
-        if self._flush_when_idle and not self._uploading and self._buffer:
-            self._full.set()
 
     def _weights(self, items: list[_Queued]) -> dict[str, float]:
         """The bytes of each topic in a flush: its share of the upload (broker.costs)."""
