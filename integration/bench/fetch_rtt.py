@@ -2,10 +2,10 @@
 the client's.
 
 `.venv/bin/python integration/bench/fetch_rtt.py [--systems kafka,bucketlog] [--rounds 3]
-[--records 300000] [--think-ms 0,2,5] [--out FILE.md]` starts each system in turn (as run.py does: Kafka
-with its defaults, one bucketlog agent with the embedded stores), warms it up, writes
-RECORDS 1 KiB records into one partition with Kafka's ProducerPerformance, and then,
-ROUNDS times over the same topic:
+[--records 300000] [--think-ms 0,2,5] [--out FILE.md]` starts each system in turn (as
+run.py does: Kafka with its defaults, one bucketlog agent with the embedded stores),
+warms it up, writes RECORDS 1 KiB records into one partition with Kafka's
+ProducerPerformance, and then, ROUNDS times over the same topic:
 
 - a raw loop: Fetch v12 requests sent one at a time over one connection, each asking for
   1 MiB of the partition (`partition_max_bytes`, the Java consumer's default) from where
@@ -95,24 +95,12 @@ def next_offset(frame: bytearray, offset: int) -> tuple[int, int]:
     return offset, position
 
 
-def cpu_split(root: int) -> tuple[float, float]:
-    """User and system CPU seconds of the process tree under root."""
-    user = system = 0
-    for pid in bench.proc_tree(root):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user, system = user + int(fields[11]), system + int(fields[12])
-    return user / bench.CLK_TCK, system / bench.CLK_TCK
-
-
 def raw_loop(system: bench.System, records: int, think_ms: float = 0) -> dict[str, float]:
     host, port = system.bootstrap.rsplit(":", 1)
     rtts: list[float] = []
     total = 0
     offset = 0
-    user_before, sys_before = cpu_split(system.root_pid)
+    user_before, sys_before = bench.tree_cpu_user_system(system.root_pid)
     with socket.create_connection((host, int(port))) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         while offset < records:
@@ -129,7 +117,7 @@ def raw_loop(system: bench.System, records: int, think_ms: float = 0) -> dict[st
             offset, total = after, total + used
             if think_ms:
                 time.sleep(think_ms / 1000)
-    user_after, sys_after = cpu_split(system.root_pid)
+    user_after, sys_after = bench.tree_cpu_user_system(system.root_pid)
     user, system_cpu = user_after - user_before, sys_after - sys_before
     ms = sorted(r * 1000 for r in rtts)
     return {

@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402
+from paired import parse_variant  # noqa: E402
 
 SHOWN = (
     "p50_ms",
@@ -42,19 +43,9 @@ SHOWN = (
 
 
 def one_run(extra: list[str], command: str | None, rate: int) -> list[dict[str, Any]]:
-    previous = os.environ.get("BENCH_BUCKETLOG")
-    if command:
-        os.environ["BENCH_BUCKETLOG"] = command
     bench.settle_disk(lambda line: None)
-    system = bench.Bucketlog(1, extra)
-    try:
-        system.start()
-    finally:
-        if command:
-            if previous is None:
-                os.environ.pop("BENCH_BUCKETLOG", None)
-            else:
-                os.environ["BENCH_BUCKETLOG"] = previous
+    system = bench.Bucketlog(1, extra, command=command)
+    system.start()
     made = 0
 
     def topic(partitions: int) -> str:
@@ -95,10 +86,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=35_000, help="records/s of the half load")
     parser.add_argument("--out", help="append the results to this file (JSON lines)")
     args = parser.parse_args()
-    variants = []
-    for text in (args.a, args.b):
-        label, _, extra = text.partition("=")
-        variants.append((label, extra.split()))
+    variants = [parse_variant(args.a), parse_variant(args.b)]
     commands = [os.environ.get("BENCH_BUCKETLOG_A"), os.environ.get("BENCH_BUCKETLOG_B")]
     for round_ in range(args.rounds):
         for index in [0, 1] if round_ % 2 == 0 else [1, 0]:

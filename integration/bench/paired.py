@@ -49,18 +49,8 @@ FIGURES = (
 def one_run(
     label: str, extra: list[str], command: str | None, workloads: list[str], half_rate: int
 ) -> dict:
-    previous = os.environ.get("BENCH_BUCKETLOG")
-    if command:
-        os.environ["BENCH_BUCKETLOG"] = command
-    system = bench.Bucketlog(1, extra)
-    try:
-        system.start()
-    finally:
-        if command:
-            if previous is None:
-                os.environ.pop("BENCH_BUCKETLOG", None)
-            else:
-                os.environ["BENCH_BUCKETLOG"] = previous
+    system = bench.Bucketlog(1, extra, command=command)
+    system.start()
     out: dict[str, Any] = {}
     try:
         warm = f"warm-{label}"

@@ -108,6 +108,15 @@ def tree_cpu_seconds(root: int) -> float:
     return tree_cpu_split(root)[0]
 
 
+def cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """User and system CPU of one process in clock ticks (utime, stime); None: gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]), int(fields[12])
+
+
 def tree_cpu_split(root: int) -> tuple[float, float]:
     """CPU seconds of the process tree under root, and of it the seconds of its
     multiprocessing children: a bucketlog agent's compaction workers (broker.workers),
@@ -115,16 +124,28 @@ def tree_cpu_split(root: int) -> tuple[float, float]:
     workload's window they run."""
     total = workers = 0
     for pid in proc_tree(root):
+        ticks = cpu_ticks(pid)
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        used = int(fields[11]) + int(fields[12])  # utime, stime
+        if ticks is None:
+            continue
+        used = sum(ticks)
         total += used
         if b"multiprocessing" in cmdline:
             workers += used
     return total / CLK_TCK, workers / CLK_TCK
+
+
+def tree_cpu_user_system(root: int) -> tuple[float, float]:
+    """User and system CPU seconds of the process tree under root."""
+    user = system = 0
+    for pid in proc_tree(root):
+        ticks = cpu_ticks(pid)
+        if ticks is not None:
+            user, system = user + ticks[0], system + ticks[1]
+    return user / CLK_TCK, system / CLK_TCK
 
 
 def tree_peak_rss_mb(root: int) -> float:
@@ -244,9 +265,13 @@ class Bucketlog(System):
         agents: int,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        command: str | None = None,
     ) -> None:
         self.name = f"bucketlog-{agents}"
         self.agents = agents
+        # Another command for `bucketlog` (e.g. an older checkout's); default: the
+        # BENCH_BUCKETLOG variable's, else this venv's.
+        self.command = command
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix="bench-bucketlog-"))
@@ -260,8 +285,9 @@ class Bucketlog(System):
         self.log = open(self.dir / "server.log", "ab")
         self.proc = subprocess.Popen(
             [
-                # BENCH_BUCKETLOG: another command for `bucketlog` (e.g. an older checkout's).
-                *os.environ.get("BENCH_BUCKETLOG", str(VENV_BIN / "bucketlog")).split(),
+                *(
+                    self.command or os.environ.get("BENCH_BUCKETLOG", str(VENV_BIN / "bucketlog"))
+                ).split(),
                 "serve",
                 "--host",
                 "127.0.0.1",
