@@ -431,6 +431,13 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         " (0-19, as nice(1); default 10; only with --compaction-workers process)",
     ),
     (
+        "local-segments",
+        _bool,
+        None,
+        "pack the agent's flushes into segment files of the local folder instead of a new"
+        " file each (true or false; default true with a file:// store, which alone takes it)",
+    ),
+    (
         "compaction-write-bytes-per-s",
         _non_negative,
         None,
@@ -778,6 +785,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
         compaction_write_bytes_per_s=args.compaction_write_bytes_per_s or 0,
+        local_segments=args.local_segments,
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,
         compaction_l2_max_inputs=args.compaction_l2_max_inputs,

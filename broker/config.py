@@ -103,6 +103,9 @@ class BrokerConfig:
     compaction_worker_nice: int = 10
     # Bytes per second a worker process writes a large local object at most (0: unpaced).
     compaction_write_bytes_per_s: int = 0
+    # The flushes packed into segment files in a local folder (storage.segments); None:
+    # on for a local folder, and no store but a local folder takes True.
+    local_segments: bool | None = None
     compaction_lease_ms: int = 120_000
     compaction_retention_span_percent: int = 10
     compaction_l2_max_inputs: int = 256
@@ -185,6 +188,11 @@ class BrokerConfig:
                 "--compaction-write-bytes-per-s is for worker processes: with"
                 " --compaction-workers thread the outputs are written unpaced"
             )
+        if self.local_segments and not self.is_local_store:
+            raise ValueError(
+                "--local-segments packs flushes into files of a local folder (file://);"
+                f" {self.resolved_storage_url} is written by requests"
+            )
         if self.compaction_write_bytes_per_s and not self.is_local_store:
             raise ValueError(
                 "--compaction-write-bytes-per-s paces writes to a local folder (file://);"
@@ -252,6 +260,11 @@ class BrokerConfig:
     @property
     def is_local_store(self) -> bool:
         return self.resolved_storage_url.startswith("file://")
+
+    @property
+    def packs_flushes(self) -> bool:
+        """Whether the agent's flushes go into segment files (--local-segments)."""
+        return self.is_local_store and self.local_segments is not False
 
     @property
     def resolved_flush_interval_ms(self) -> int:

@@ -116,6 +116,9 @@ class AccountingStore:
     def _record(self, kind: str, size: int = 0, direction: str = "in") -> None:
         self.ledger.record(_charged_now(), kind, size, direction)
 
+    def new_key(self, prefix: str, size: int) -> str:
+        return self.inner.new_key(prefix, size)
+
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         self._record("PUT", len(data), "in")
         await self.inner.put(key, data, if_absent=if_absent)

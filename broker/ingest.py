@@ -46,7 +46,7 @@ from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partitio
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache
 from storage.hedge import HedgedPuts
-from storage.ingest import ChunkLocation, encode_ingest_file, new_object_key
+from storage.ingest import INGEST_PREFIX, ChunkLocation, encode_ingest_file
 from storage.objectstore import ObjectStore
 from storage.threads import ThreadPool
 
@@ -367,7 +367,7 @@ class IngestPipeline:
         (found,) = planned
         return _Flush(
             seq,
-            self._object_key(),
+            self._object_key(len(data)),
             data,
             found.pending,
             found.deadlines,
@@ -423,8 +423,8 @@ class IngestPipeline:
 
     _drop_fault = True  # the test-only fault point ACK_WITHOUT_COMMIT applies
 
-    def _object_key(self) -> str:
-        return new_object_key()
+    def _object_key(self, size: int) -> str:
+        return self._store.new_key(INGEST_PREFIX, size)
 
     def _table(self, pending: list[PendingBatch]) -> bytes:
         """A block to put before the object's footer (none)."""

@@ -174,7 +174,7 @@ class JournalPipeline(IngestPipeline):
 
     # -- the object -------------------------------------------------------------------
 
-    def _object_key(self) -> str:
+    def _object_key(self, size: int) -> str:
         now = time.monotonic()
         if (
             not self._sequence

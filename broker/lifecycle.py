@@ -42,13 +42,14 @@ from metadata import journal as journal_layer
 from metadata import leases
 from metadata import lifecycle as lifecycle_layer
 from metadata import topics as topics_layer
+from storage.ingest import INGEST_PREFIX
 from storage.objectstore import ObjectInfo
 
 logger = logging.getLogger(__name__)
 
 # The prefixes of the objects bucketlog writes: ingest files (storage.ingest.new_object_key)
 # and compaction outputs.
-OBJECT_PREFIXES = ("ingest/", OUTPUT_PREFIX)
+OBJECT_PREFIXES = (INGEST_PREFIX, OUTPUT_PREFIX)
 DELETES_AT_ONCE = 16
 SWEEP_BATCH = 500
 

@@ -57,6 +57,8 @@ class StoreSpec:
     # O_DIRECT (storage.local): compaction's outputs, not the agent's flushes.
     large_write_bytes_per_s: float | None = None
     large_writes_direct: bool = False
+    # Flushes packed into segment files (storage.segments): the agent's own store only.
+    segments: bool = False
 
     @classmethod
     def of(
@@ -74,6 +76,7 @@ class StoreSpec:
             config.inject_get_latency_ms or None,
             (config.compaction_write_bytes_per_s or None) if worker else None,
             large_writes_direct=worker,
+            segments=config.packs_flushes and not worker,
         )
 
     @property
@@ -90,6 +93,7 @@ class StoreSpec:
             blocking_calls=self.blocking_calls,
             large_write_bytes_per_s=self.large_write_bytes_per_s,
             large_writes_direct=self.large_writes_direct,
+            segments=self.segments,
         )
         if self.put_latency_ms or self.get_latency_ms:
             from metadata.injected_kv import Lognormal

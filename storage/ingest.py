@@ -319,7 +319,10 @@ _ulid_lock = threading.Lock()
 _ulid_last = (0, 0)  # (ms, random) of the last key made in this process
 
 
-def new_object_key(prefix: str = "ingest/") -> str:
+INGEST_PREFIX = "ingest/"  # the agents' flushes
+
+
+def new_object_key(prefix: str = INGEST_PREFIX) -> str:
     """A fresh key, e.g. "ingest/01JD3V6Q0Z8WJ5H7X2M4N6P8RA", sorting by creation time.
 
     Within one millisecond this process increments the random part, so its keys are

@@ -88,6 +88,9 @@ class InjectedLatencyStore:
         self._counters[f"{kind}_delay_us"] += round(seconds * 1_000_000)
         return seconds
 
+    def new_key(self, prefix: str, size: int) -> str:
+        return self.inner.new_key(prefix, size)
+
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         started = time.monotonic()
         await anyio.sleep(self._draw(self._put_delay, "put"))

@@ -23,6 +23,9 @@ Rules:
   are alive; past that, and where the kernel cannot populate a mapping ahead, a range is
   read into memory as before.
 - Blocking file I/O runs in at most max_concurrency worker threads (storage.threads).
+- With `segments`, new_key gives small objects (the agent's flushes) a place in a segment
+  file instead of a file of their own (storage.segments, its rules). Their keys are read,
+  deleted and listed as any others', by every store on the same root, segments on or off.
 """
 
 from __future__ import annotations
@@ -42,12 +45,20 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
+from storage.ingest import new_object_key
 from storage.objectstore import (
     ObjectExistsError,
     ObjectInfo,
     ObjectNotFoundError,
     ObjectStoreError,
     new_stats,
+)
+from storage.segments import (
+    SEGMENT_FOLDER,
+    PackedRangeStream,
+    SegmentFolder,
+    SegmentWriter,
+    is_packed_key,
 )
 from storage.threads import ThreadPool
 
@@ -156,6 +167,7 @@ class LocalObjectStore:
         large_write_bytes_per_s: float | None = None,
         large_writes_direct: bool = False,
         max_mappings: int | None = None,
+        segments: bool = False,
     ) -> None:
         self.root = os.path.abspath(root)
         # Objects over SYNC_PIECE are written no faster than this (None: at the disk's pace)
@@ -166,9 +178,20 @@ class LocalObjectStore:
         self._threads = ThreadPool(max_concurrency, "local store")
         self.mappings = _Mappings(_default_max_mappings() if max_mappings is None else max_mappings)
         self.stats = new_stats()
+        self.segments = SegmentFolder(self.root)
+        self._writer = SegmentWriter(self.segments) if segments else None
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({self.root!r})"
+
+    def new_key(self, prefix: str, size: int) -> str:
+        """A fresh key for an object of `size` bytes, to be put once: with segments on, a
+        place in this store's segment file for a small one."""
+        if self._writer is not None:
+            key = self._writer.reserve(prefix, size)
+            if key is not None:
+                return key
+        return new_object_key(prefix)
 
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         await self._threads.run(partial(self.put_sync, key, data, if_absent=if_absent))
@@ -186,8 +209,14 @@ class LocalObjectStore:
     def _put(
         self, key: str, parts: Sequence[bytes | memoryview], size: int, if_absent: bool
     ) -> None:
-        path = self._path(key)
         self.stats["puts"] += 1
+        if is_packed_key(key):
+            if self._writer is None:
+                raise ObjectStoreError(f"{key!r} names a place in a segment not reserved here")
+            self._wrapped(partial(self._writer.write, key, parts, size))
+            self.stats["bytes_put"] += size
+            return
+        path = self._path(key)
         self._wrapped(
             partial(
                 _put_file,
@@ -205,17 +234,21 @@ class LocalObjectStore:
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object; a negative start means the last -start bytes."""
         _check_range(start, end)
-        path = self._path(key)
         self.stats["gets"] += 1
-        data = await self._run(partial(_read_file, path, key, start, end))
+        if is_packed_key(key):
+            data = await self._run(partial(self.segments.read, key, start, end))
+        else:
+            data = await self._run(partial(_read_file, self._path(key), key, start, end))
         self.stats["bytes_got"] += len(data)
         return data
 
     def get_sync(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         _check_range(start, end)
-        path = self._path(key)
         self.stats["gets"] += 1
-        data = self._wrapped(partial(_read_file, path, key, start, end))
+        if is_packed_key(key):
+            data = self._wrapped(partial(self.segments.read, key, start, end))
+        else:
+            data = self._wrapped(partial(_read_file, self._path(key), key, start, end))
         self.stats["bytes_got"] += len(data)
         return data
 
@@ -238,6 +271,8 @@ class LocalObjectStore:
         return data
 
     def _view_file(self, path: str, key: str, start: int, end: int | None) -> memoryview:
+        if is_packed_key(key):  # a copy: a packed object is a flush, small
+            return memoryview(self.segments.read(key, start, end))
         fd = _open_object(path, key)
         try:
             start, stop = _bounds(fd, key, start, end)
@@ -254,10 +289,14 @@ class LocalObjectStore:
         finally:
             os.close(fd)  # a mapping keeps a duplicate, and with it the lock
 
-    def open_range_stream(self, key: str, start: int, end: int | None = None) -> _LocalRangeStream:
+    def open_range_stream(
+        self, key: str, start: int, end: int | None = None
+    ) -> _LocalRangeStream | PackedRangeStream:
         """The object from `start` on (to `end`, or its end), read in order as wanted
         (blocking)."""
         self.stats["gets"] += 1
+        if is_packed_key(key):
+            return self._wrapped(partial(self.segments.open_stream, key, start, end, self.stats))
         fd = _open_object(self._path(key), key)
         try:
             _lock_shared(fd, key)
@@ -267,14 +306,24 @@ class LocalObjectStore:
         return _LocalRangeStream(self, fd, start, end)
 
     async def delete(self, key: str) -> None:
-        path = self._path(key)
         self.stats["deletes"] += 1
-        await self._run(partial(_delete_file, path))
+        if is_packed_key(key):
+            await self._run(partial(self.segments.delete, key))
+            return
+        await self._run(partial(_delete_file, self._path(key)))
 
     async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         self.stats["lists"] += 1
-        found = await self._run(partial(_list_files, self.root, prefix))
+        found = await self._run(partial(self._list_sync, prefix))
         return [info for info in found if info.key > start_after] if start_after else found
+
+    def _list_sync(self, prefix: str) -> builtins.list[ObjectInfo]:
+        found = _list_files(self.root, prefix)
+        packed = self.segments.list(prefix)
+        if packed:
+            found.extend(packed)
+            found.sort(key=lambda info: info.key)
+        return found
 
     async def list_folders(self, prefix: str) -> builtins.list[str]:
         self.stats["lists"] += 1
@@ -289,7 +338,8 @@ class LocalObjectStore:
         return await self._run(partial(_remove_stale_temps, self.root, older_than))
 
     async def aclose(self) -> None:
-        pass
+        if self._writer is not None:
+            await self._run(self._writer.close)
 
     async def _run(self, func: Callable[[], _T]) -> _T:
         return await self._threads.run(self._wrapped, func)
@@ -305,6 +355,8 @@ class LocalObjectStore:
 
     def _path(self, key: str) -> str:
         parts = key.split("/")
+        if parts[0] == SEGMENT_FOLDER:
+            raise ValueError(f"invalid object key: {key!r} (the segments' folder)")
         for part in parts:
             if part in ("", ".", "..") or part.startswith(TEMP_PREFIX) or "\0" in part:
                 raise ValueError(f"invalid object key: {key!r}")
@@ -649,6 +701,8 @@ def _list_folders(root: str, prefix: str) -> list[str]:
         return []
     names = []
     for entry in entries:
+        if folder == root and entry.name == SEGMENT_FOLDER:
+            continue
         try:
             if entry.is_dir(follow_symlinks=False) and any(True for _ in os.scandir(entry.path)):
                 names.append(entry.name)
@@ -663,7 +717,7 @@ def _scan(folder: str, key_prefix: str, prefix: str, found: list[ObjectInfo]) ->
     except (FileNotFoundError, NotADirectoryError):
         return
     for entry in entries:
-        if entry.name.startswith(TEMP_PREFIX):
+        if entry.name.startswith(TEMP_PREFIX) or (not key_prefix and entry.name == SEGMENT_FOLDER):
             continue
         key = key_prefix + entry.name
         try:

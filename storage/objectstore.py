@@ -54,6 +54,12 @@ def new_stats() -> dict[str, int]:
 
 
 class ObjectStore(Protocol):
+    def new_key(self, prefix: str, size: int) -> str:
+        """A fresh key under prefix for an object of `size` bytes that is to be put once
+        (if_absent): storage.ingest.new_object_key(prefix), or, in a local folder with
+        segments on, a key that names the object's place in a segment file."""
+        ...
+
     async def put(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         """Store data durably under key (durable when this returns).
 
@@ -125,11 +131,13 @@ def open_store(
     blocking_calls: int | None = None,
     large_write_bytes_per_s: float | None = None,
     large_writes_direct: bool = False,
+    segments: bool = False,
 ) -> ObjectStore:
     """file:///path/to/folder (local folder) or s3://bucket/prefix. `blocking_calls`: how
     many *_sync calls the caller makes at most at once (S3: connections kept for them).
     `large_write_bytes_per_s`, `large_writes_direct`: a local folder's pace for large
-    objects, and whether it writes them with O_DIRECT (storage.local)."""
+    objects, and whether it writes them with O_DIRECT (storage.local); `segments`: whether
+    new_key packs small objects into segment files (storage.segments)."""
     if url.startswith("file://"):
         from storage.local import LocalObjectStore
 
@@ -137,6 +145,7 @@ def open_store(
             url[len("file://") :],
             large_write_bytes_per_s=large_write_bytes_per_s,
             large_writes_direct=large_writes_direct,
+            segments=segments,
         )
     if url.startswith("s3://"):
         from storage.s3 import S3ObjectStore

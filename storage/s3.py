@@ -63,6 +63,7 @@ from botocore.exceptions import (
 )
 from botocore.retries import quota, standard
 
+from storage.ingest import new_object_key
 from storage.objectstore import (
     ObjectExistsError,
     ObjectInfo,
@@ -154,6 +155,9 @@ class S3ObjectStore:
         await anyio.to_thread.run_sync(
             partial(self.put_sync, key, data, if_absent=if_absent), limiter=self._limiter
         )
+
+    def new_key(self, prefix: str, size: int) -> str:
+        return new_object_key(prefix)
 
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         self.stats["puts"] += 1

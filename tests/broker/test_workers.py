@@ -18,6 +18,7 @@ from broker.costs import UNATTRIBUTED, AccountingStore, Ledger
 from broker.workers import StoreSpec, WorkerPool, add_spent
 from metadata import log
 from storage.local import LocalObjectStore
+from storage.segments import is_packed_key
 from tests.broker.test_compaction_job import SUB, _Agent, _ingest, _plan, _values, setup  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -242,3 +243,25 @@ def test_the_write_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit) as exited:
         _config("--compaction-write-bytes-per-s", "-1")
     assert exited.value.code == 2
+
+
+def test_the_agents_flushes_go_into_segments_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--local-segments: on by default for a local folder, the agent's store only (the
+    workers write compaction's outputs as files); refused, not ignored, with S3."""
+    for name in ("LOCAL_SEGMENTS", "STORAGE", "CONFIG"):
+        monkeypatch.delenv(f"BUCKETLOG_{name}", raising=False)
+    config = _config("--data-dir", str(tmp_path))
+    own = StoreSpec.of(config).open()
+    worker = StoreSpec.of(config, worker=True).open()
+    assert is_packed_key(own.new_key("ingest/", 100))
+    assert not is_packed_key(worker.new_key("ingest/", 100))
+    off = _config("--data-dir", str(tmp_path), "--local-segments", "false")
+    assert not is_packed_key(StoreSpec.of(off).open().new_key("ingest/", 100))
+    monkeypatch.setenv("BUCKETLOG_LOCAL_SEGMENTS", "false")
+    assert not _config("--data-dir", str(tmp_path)).packs_flushes
+    monkeypatch.delenv("BUCKETLOG_LOCAL_SEGMENTS")
+    assert not _config("--storage", "s3://bucket/prefix").packs_flushes
+    with pytest.raises(ValueError, match="local folder"):
+        _config("--storage", "s3://bucket/prefix", "--local-segments", "true")

@@ -1,0 +1,247 @@
+"""A local folder's flushes packed into segment files (storage.segments)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from functools import partial
+from pathlib import Path
+
+import anyio
+import pytest
+
+from storage import segments
+from storage.local import LocalObjectStore
+from storage.objectstore import ObjectExistsError, ObjectInfo, ObjectNotFoundError, ObjectStoreError
+from storage.segments import PAGE, SEGMENT_FOLDER, is_packed_key
+
+
+def listed(store: LocalObjectStore, prefix: str = "", **kwargs: str) -> list[ObjectInfo]:
+    return anyio.run(partial(store.list, prefix, **kwargs))
+
+
+def delete(store: LocalObjectStore, key: str) -> None:
+    anyio.run(store.delete, key)
+
+
+def segment_files(root: Path) -> list[Path]:
+    folder = root / SEGMENT_FOLDER
+    return (
+        sorted(p for p in folder.iterdir() if not p.name.startswith(".tmp."))
+        if folder.exists()
+        else []
+    )
+
+
+def put_packed(store: LocalObjectStore, data: bytes, prefix: str = "ingest/") -> str:
+    key = store.new_key(prefix, len(data))
+    assert is_packed_key(key), key
+    store.put_sync(key, data, if_absent=True)
+    return key
+
+
+def test_a_packed_object_reads_back_every_way(tmp_path: Path) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    data = os.urandom(3 * PAGE + 123)
+    key = put_packed(store, data)
+    other = put_packed(store, b"second")
+    assert key.startswith("ingest/") and key != other
+    assert [p.name for p in tmp_path.iterdir()] == [SEGMENT_FOLDER], "no file per object"
+    assert store.get_sync(key) == data
+    assert store.get_sync(key, 10, 20) == data[10:20]
+    assert store.get_sync(key, -5) == data[-5:]
+    assert bytes(store.get_view_sync(key, 1, None)) == data[1:]
+    assert bytes(store.get_view_sync(key, 0, 10**9)) == data
+    stream = store.open_range_stream(key, PAGE - 1, 2 * PAGE)
+    try:
+        assert stream.read(2) + stream.read(10**6) == data[PAGE - 1 : 2 * PAGE]
+        assert stream.read(10) == b""
+    finally:
+        stream.close()
+    assert store.get_sync(other) == b"second"
+    # Another store on the same root, segments off (as compaction's worker process opens
+    # it), reads, lists and deletes the same keys.
+    reader = LocalObjectStore(str(tmp_path))
+    assert reader.get_sync(key) == data
+    infos = listed(reader, "ingest/")
+    assert [(i.key, i.size) for i in infos] == sorted([(key, len(data)), (other, 6)])
+    assert all(abs(i.last_modified - time.time()) < 60 for i in infos)
+    delete(reader, key)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_sync(key)
+    with pytest.raises(ObjectNotFoundError):
+        store.open_range_stream(key, 0)
+    delete(reader, key)  # deleting again: no error
+    assert [i.key for i in listed(store)] == [other]
+
+
+def test_files_and_packed_objects_list_together_in_key_order(tmp_path: Path) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    first = put_packed(store, b"a")
+    store.put_sync("ingest/~file", b"b", if_absent=True)  # "~" sorts after the ULIDs
+    store.put_sync("l1/output", b"c", if_absent=True)
+    last = put_packed(store, b"d")
+    assert [i.key for i in listed(store)] == [first, last, "ingest/~file", "l1/output"]
+    assert [i.key for i in listed(store, "ingest/", start_after=first)] == [
+        last,
+        "ingest/~file",
+    ]
+    assert [i.key for i in listed(store, "l1/")] == ["l1/output"]
+    assert anyio.run(store.list_folders, "") == ["ingest", "l1"], (
+        "the segments' folder is no folder"
+    )
+    with pytest.raises(ValueError):
+        store.put_sync(f"{SEGMENT_FOLDER}/x", b"x")
+
+
+def test_a_put_only_writes_a_place_reserved_here(tmp_path: Path) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    key = store.new_key("ingest/", 5)
+    with pytest.raises(ObjectStoreError, match="reserved for 5"):
+        store.put_sync(key, b"too long", if_absent=True)
+    key = put_packed(store, b"12345")
+    with pytest.raises(ObjectExistsError):
+        store.put_sync(key, b"54321", if_absent=True)
+    assert store.get_sync(key) == b"12345"
+    with pytest.raises(ObjectStoreError, match="not reserved"):
+        LocalObjectStore(str(tmp_path)).put_sync(key, b"12345", if_absent=True)
+    unpacked = LocalObjectStore(str(tmp_path / "plain"))
+    assert not is_packed_key(unpacked.new_key("ingest/", 5)), "segments off: a file"
+    assert not is_packed_key(store.new_key("ingest/", segments.PACK_MAX + 1)), "too large"
+
+
+def test_deletes_free_the_blocks_and_the_last_one_the_segment(tmp_path: Path) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    keys = [put_packed(store, os.urandom(64 * PAGE)) for _ in range(4)]
+    (segment,) = segment_files(tmp_path)
+    full = segment.stat().st_blocks
+    delete(store, keys[0])
+    assert segment.stat().st_blocks <= full - 64 * PAGE // 512, "its pages punched out"
+    for key in keys[1:]:
+        delete(store, key)
+    assert segment_files(tmp_path) == [segment], "its writer may still add to it"
+    key = put_packed(store, b"after")
+    anyio.run(store.aclose)  # the writer lets go of its segment
+    assert segment_files(tmp_path) == [segment]
+    delete(store, key)
+    assert segment_files(tmp_path) == [], "no record left, nobody holding it"
+
+
+def test_a_range_stream_keeps_its_record_from_a_delete(tmp_path: Path) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    data = os.urandom(5 * PAGE)
+    key = put_packed(store, data)
+    stream = store.open_range_stream(key, 0)
+    try:
+        delete(store, key)  # left for the orphan sweep
+        assert stream.read(10**6) == data
+        assert store.get_sync(key) == data
+    finally:
+        stream.close()
+    assert [i.key for i in listed(store)] == [key], "found again by the sweep"
+    delete(store, key)
+    assert listed(store) == []
+
+
+def test_segments_roll_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8 * PAGE)
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    data = [os.urandom(2 * PAGE) for _ in range(5)]
+    keys = [put_packed(store, d) for d in data]
+    assert len(segment_files(tmp_path)) >= 2
+    for key, d in zip(keys, data, strict=True):
+        assert store.get_sync(key) == d
+    for key in keys:
+        delete(store, key)
+    assert len(segment_files(tmp_path)) == 1, "only the one still open stays"
+
+
+def test_no_data_passes_for_a_head(tmp_path: Path) -> None:
+    """Bytes at a page boundary shaped as a record's head count only with the segment's
+    own nonce: a torn write's data (a client's records) never lists as an object, which
+    the orphan sweep would then punch out of the file."""
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    real = put_packed(store, b"real")
+    (segment,) = segment_files(tmp_path)
+    torn = store.new_key("ingest/", 2 * PAGE)  # reserved, never written: a crash
+    offset = int(torn.rsplit("~", 1)[1])
+    forged_key = "ingest/forged"
+    wrong_nonce = bytes(segments.NONCE_BYTES)
+    with open(segment, "r+b") as f:
+        f.seek(offset + PAGE)
+        f.write(segments._encode_head(wrong_nonce, forged_key, 10, time.time_ns()))
+    assert [i.key for i in listed(store)] == [real]
+    nonce = segment.read_bytes()[8 : 8 + segments.NONCE_BYTES]
+    with open(segment, "r+b") as f:  # the control: with the nonce, it would count
+        f.seek(offset + PAGE)
+        f.write(segments._encode_head(nonce, forged_key, 10, time.time_ns()))
+    assert sorted(i.key for i in listed(store)) == sorted([real, forged_key])
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    from storage.local import LocalObjectStore
+    store = LocalObjectStore(sys.argv[1], segments=True)
+    for n in range(20):
+        data = bytes([n]) * (1000 + n)
+        key = store.new_key("ingest/", len(data))
+        store.put_sync(key, data, if_absent=True)
+        print(key, flush=True)
+    store.new_key("ingest/", 5000)  # reserved, never written
+    print("done", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_killed_writer_loses_no_record_it_wrote(tmp_path: Path) -> None:
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert writer.stdout is not None
+        keys = [writer.stdout.readline().strip() for _ in range(20)]
+        assert writer.stdout.readline() == "done\n"
+        store = LocalObjectStore(str(tmp_path))
+        delete(store, keys[0])
+        assert len(segment_files(tmp_path)) == 1
+        writer.send_signal(signal.SIGKILL)
+    finally:
+        writer.wait()
+    for n, key in enumerate(keys[1:], start=1):
+        assert store.get_sync(key) == bytes([n]) * (1000 + n)
+    assert [i.key for i in listed(store)] == keys[1:]
+    for key in keys[1:]:
+        delete(store, key)
+    assert segment_files(tmp_path) == [], "its writer gone, the last delete unlinks it"
+
+
+def test_a_dead_writers_emptied_segment_goes_at_the_next_list(tmp_path: Path) -> None:
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert writer.stdout is not None
+        keys = [writer.stdout.readline().strip() for _ in range(20)]
+        assert writer.stdout.readline() == "done\n"
+        store = LocalObjectStore(str(tmp_path))
+        for key in keys:
+            delete(store, key)
+        assert len(segment_files(tmp_path)) == 1, "its writer holds it"
+        writer.send_signal(signal.SIGKILL)
+    finally:
+        writer.wait()
+    assert len(segment_files(tmp_path)) == 1
+    assert listed(store) == []
+    assert segment_files(tmp_path) == []
