@@ -15,8 +15,8 @@ Rules:
   is_packed_key tells such keys from the others (which stay files).
 - A segment file lives in SEGMENT_FOLDER under the store's root. Page 0 is its head
   (SEGMENT_MAGIC and a random nonce). From PAGE on, records, each at a PAGE boundary: a
-  head page (RECORD_MAGIC, the crc32c of the nonce and the fields, the data's size, the
-  time written, the key), then the data. A record is written with one pwritev and one
+  head page (RECORD_MAGIC, a digest of the fields keyed with the nonce, the data's size,
+  the time written, the key), then the data. A record is written with one pwritev and one
   fdatasync before its put returns.
 - A read checks the record's head against its key before and after it reads: a record
   deleted meanwhile is not found, never read as the zeros its pages became.
@@ -26,10 +26,13 @@ Rules:
 - The writer holds an exclusive flock on each segment it may still write to; a segment
   is created under a temp name, locked and only then renamed into the folder. A segment
   that nobody holds and that has no record left is unlinked: by the delete of its last
-  record, by its writer when done with it, or by a list that finds it so.
+  record, by its writer when done with it, or by a list that finds it so. A segment
+  whose own head is unreadable is never unlinked.
 - list reads the heads of every segment's records (holes skipped with SEEK_DATA). A head
-  counts only if its crc, keyed with the segment's nonce, matches, so no object's data
-  can pass for a head.
+  counts only if its digest, keyed with the segment's nonce, matches, so no object's data
+  (a client's records) can pass for a head.
+- The writer makes a segment's file at the first write into it, in the writing thread:
+  reserving a place (on the event loop) does no I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import secrets
@@ -45,8 +49,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-
-import crc32c
 
 from storage.ingest import new_object_key
 from storage.objectstore import (
@@ -62,8 +64,9 @@ PAGE = 4096
 SEGMENT_MAGIC = b"BLSEGM01"
 RECORD_MAGIC = b"BLRECD01"
 NONCE_BYTES = 16
-# A record's head: magic, crc32c, data size, time written (ns), key length; then the key.
-_HEAD = struct.Struct(">8sIQQH")
+# A record's head: magic, digest, data size, time written (ns), key length; then the key.
+_HEAD = struct.Struct(">8s8sQQH")
+DIGEST_BYTES = 8
 HEAD_READ = 1024  # bytes read to find a head (its key included)
 MAX_KEY_BYTES = HEAD_READ - _HEAD.size
 # A segment is closed to new records past this size; objects larger than PACK_MAX stay
@@ -106,16 +109,19 @@ def _record_span(size: int) -> int:
     return PAGE + _round_up(size)
 
 
-def _head_crc(nonce: bytes, size: int, written_ns: int, key: bytes) -> int:
-    return crc32c.crc32c(nonce + struct.pack(">QQ", size, written_ns) + key)
+def _head_digest(nonce: bytes, size: int, written_ns: int, key: bytes) -> bytes:
+    """The head's fields hashed with the segment's nonce as the key (BLAKE2b): no one who
+    has not read the segment's own head can make bytes that pass for a record's."""
+    fields = struct.pack(">QQ", size, written_ns) + key
+    return hashlib.blake2b(fields, digest_size=DIGEST_BYTES, key=nonce).digest()
 
 
 def _encode_head(nonce: bytes, key: str, size: int, written_ns: int) -> bytes:
     raw = key.encode()
     if len(raw) > MAX_KEY_BYTES:
         raise ValueError(f"key too long to pack: {key!r}")
-    crc = _head_crc(nonce, size, written_ns, raw)
-    head = _HEAD.pack(RECORD_MAGIC, crc, size, written_ns, len(raw)) + raw
+    digest = _head_digest(nonce, size, written_ns, raw)
+    head = _HEAD.pack(RECORD_MAGIC, digest, size, written_ns, len(raw)) + raw
     return head + bytes(PAGE - len(head))
 
 
@@ -123,9 +129,9 @@ def _decode_head(nonce: bytes, data: bytes) -> tuple[str, int, int] | None:
     """(key, size, written_ns) of a valid head, else None."""
     if len(data) < _HEAD.size or data[:8] != RECORD_MAGIC:
         return None
-    _magic, crc, size, written_ns, key_len = _HEAD.unpack_from(data)
+    _magic, digest, size, written_ns, key_len = _HEAD.unpack_from(data)
     raw = data[_HEAD.size : _HEAD.size + key_len]
-    if len(raw) != key_len or crc != _head_crc(nonce, size, written_ns, raw):
+    if len(raw) != key_len or digest != _head_digest(nonce, size, written_ns, raw):
         return None
     try:
         return raw.decode(), size, written_ns
@@ -174,11 +180,12 @@ def _punch(fd: int, start: int, length: int) -> bool:
 @dataclass(eq=False)
 class _Segment:
     name: str
-    fd: int
     nonce: bytes
+    fd: int = -1  # made at the first write
     end: int = PAGE  # where the next record goes
     writing: int = 0  # reserved records not yet written (or failed)
     retired: bool = False
+    opening: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -289,7 +296,7 @@ class SegmentFolder:
             except BlockingIOError:
                 return False  # its writer may still add to it
             nonce = _read_nonce(fd)
-            if nonce is not None and any(True for _ in _records(fd, nonce)):
+            if nonce is None or any(True for _ in _records(fd, nonce)):
                 return False
             self._nonces.pop(segment, None)
             try:
@@ -405,8 +412,8 @@ class SegmentWriter:
         self._reserved: dict[str, tuple[_Segment, int, int]] = {}
 
     def reserve(self, prefix: str, size: int) -> str | None:
-        """A packed key for an object of `size` bytes, its place taken; None if the object
-        is too large to pack."""
+        """A packed key for an object of `size` bytes, its place taken (no I/O); None if
+        the object is too large to pack."""
         if size > PACK_MAX:
             return None
         span = _record_span(size)
@@ -415,7 +422,8 @@ class SegmentWriter:
             if segment is None or (segment.end > PAGE and segment.end + span > self._segment_bytes):
                 if segment is not None:
                     self._retire(segment)
-                segment = self._current = self._create()
+                segment = _Segment(secrets.token_hex(16), secrets.token_bytes(NONCE_BYTES))
+                self._current = segment
             offset = segment.end
             segment.end += span
             segment.writing += 1
@@ -428,22 +436,26 @@ class SegmentWriter:
         with self._lock:
             reserved = self._reserved.pop(key, None)
         if reserved is None:
-            raise ObjectExistsError(f"packed key not reserved here or written already: {key!r}")
+            try:
+                self._segments.read(key, 0, 0)
+            except ObjectNotFoundError:
+                raise ObjectStoreError(f"packed key not reserved here: {key!r}") from None
+            raise ObjectExistsError(f"object already exists: {key!r}")
         segment, offset, reserved_size = reserved
         try:
             if size != reserved_size:
                 raise ObjectStoreError(
                     f"{key!r}: {size} bytes put in a place reserved for {reserved_size}"
                 )
+            fd = self._opened(segment)
             head = _encode_head(segment.nonce, key, size, time.time_ns())
             if len(parts) >= IOV_MAX:
                 parts = [b"".join(parts)]
             buffers = [head, *(part for part in parts if len(part))]
-            expected = PAGE + size
-            written = os.pwritev(segment.fd, buffers, offset)
-            if written != expected:  # short: write the rest a buffer at a time
-                _pwrite_rest(segment.fd, buffers, offset, written)
-            os.fdatasync(segment.fd)
+            written = os.pwritev(fd, buffers, offset)
+            if written != PAGE + size:  # short: write the rest a buffer at a time
+                _pwrite_rest(fd, buffers, offset, written)
+            os.fdatasync(fd)
         finally:
             with self._lock:
                 segment.writing -= 1
@@ -456,38 +468,54 @@ class SegmentWriter:
             segment, self._current = self._current, None
             if segment is not None:
                 self._retire(segment)
-                done = not segment.writing
-            else:
-                done = False
-        if segment is not None and done:
-            self._close(segment)
 
     def _retire(self, segment: _Segment) -> None:
+        """No more places in it; closed now if nothing is being written to it (called
+        with the writer's lock held)."""
         segment.retired = True
         if not segment.writing:
             self._close(segment)
 
     def _close(self, segment: _Segment) -> None:
-        if segment.fd < 0:
+        with segment.opening:
+            fd, segment.fd = segment.fd, -1
+        if fd < 0:
             return
-        os.close(segment.fd)  # releases its flock
-        segment.fd = -1
-        self._segments.remove_if_empty(segment.name)
+        try:
+            emptied = os.fstat(fd).st_blocks * 512 <= NEARLY_EMPTY
+        finally:
+            os.close(fd)  # releases its flock
+        if emptied:
+            self._segments.remove_if_empty(segment.name)
 
-    def _create(self) -> _Segment:
+    def _opened(self, segment: _Segment) -> int:
+        """The segment's descriptor, its file made at the first write. A segment whose
+        file cannot be made takes no more places."""
+        try:
+            with segment.opening:
+                if segment.fd < 0:
+                    segment.fd = self._create(segment)
+                return segment.fd
+        except BaseException:
+            with self._lock:
+                if self._current is segment:
+                    self._current = None
+                    segment.retired = True
+            raise
+
+    def _create(self, segment: _Segment) -> int:
         folder = self._segments.folder
         if not os.path.isdir(folder):
             os.makedirs(folder, exist_ok=True)
             _fsync_dir(os.path.dirname(folder))
-        name = secrets.token_hex(16)
-        temp = os.path.join(folder, TEMP_PREFIX + name)
+        temp = os.path.join(folder, TEMP_PREFIX + segment.name)
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # before any other process can see it
-            nonce = secrets.token_bytes(NONCE_BYTES)
-            os.pwrite(fd, SEGMENT_MAGIC + nonce + bytes(PAGE - len(SEGMENT_MAGIC) - NONCE_BYTES), 0)
+            head = SEGMENT_MAGIC + segment.nonce
+            os.pwrite(fd, head + bytes(PAGE - len(head)), 0)
             os.fsync(fd)
-            os.rename(temp, self._segments.path(name))
+            os.rename(temp, self._segments.path(segment.name))
             _fsync_dir(folder)
         except BaseException:
             os.close(fd)
@@ -496,7 +524,7 @@ class SegmentWriter:
             except FileNotFoundError:
                 pass
             raise
-        return _Segment(name, fd, nonce)
+        return fd
 
 
 def _pwrite_rest(fd: int, buffers: Sequence[bytes | memoryview], offset: int, written: int) -> None:

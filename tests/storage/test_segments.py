@@ -245,3 +245,21 @@ def test_a_dead_writers_emptied_segment_goes_at_the_next_list(tmp_path: Path) ->
     assert len(segment_files(tmp_path)) == 1
     assert listed(store) == []
     assert segment_files(tmp_path) == []
+
+
+def test_a_place_is_reserved_without_io_and_a_failed_segment_is_left(tmp_path: Path) -> None:
+    """new_key runs on the event loop: it makes no file. The first write makes the
+    segment's; a segment whose file cannot be made takes no more places."""
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    key = store.new_key("ingest/", 10)
+    assert not (tmp_path / SEGMENT_FOLDER).exists()
+    (tmp_path / SEGMENT_FOLDER).write_bytes(b"in the way")  # a file where the folder goes
+    with pytest.raises(ObjectStoreError):
+        store.put_sync(key, b"0123456789", if_absent=True)
+    (tmp_path / SEGMENT_FOLDER).unlink()
+    again = store.new_key("ingest/", 10)
+    assert again.rsplit("~", 2)[1] != key.rsplit("~", 2)[1], "a new segment"
+    store.put_sync(again, b"0123456789", if_absent=True)
+    assert store.get_sync(again) == b"0123456789"
+    with pytest.raises(ObjectNotFoundError):
+        store.get_sync(key)
