@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import threading
@@ -37,6 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -47,19 +48,13 @@ MB = 1_000_000
 
 
 def store_listing(system: bench.Bucketlog) -> tuple[int, int]:
-    """(objects, bytes) in the agent's local object store."""
-    root = system.dir / "data" / "objects"
-    count = size = 0
-    for folder, _dirs, files in os.walk(root):
-        for name in files:
-            if name.startswith("."):
-                continue  # a write in progress
-            try:
-                size += os.path.getsize(os.path.join(folder, name))
-                count += 1
-            except OSError:
-                pass
-    return count, size
+    """(objects, bytes) in the agent's local object store, as it lists them (the flushes
+    packed into segment files count one each, at their size)."""
+    from storage.local import LocalObjectStore
+
+    store = LocalObjectStore(str(system.dir / "data" / "objects"))
+    listed = anyio.run(store.list)
+    return len(listed), sum(info.size for info in listed)
 
 
 class S3Listing:
