@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
+from storage.files import TEMP_PREFIX, fsync_dir
 from storage.ingest import new_object_key
 from storage.objectstore import (
     ObjectExistsError,
@@ -62,7 +63,6 @@ from storage.segments import (
 )
 from storage.threads import ThreadPool
 
-TEMP_PREFIX = ".tmp."
 # Objects are written in pieces of at most this size: one write() of 4 MiB took from
 # 0.8 to 4 ms (a put of 4 MiB up to 13 ms with its fsync), the same bytes in 1 MiB
 # pieces 0.8 ms every time (integration/bench/README.md, fifth pass; the kernel's reason
@@ -410,7 +410,7 @@ def _put_file(
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def _open_new(path: str, *, direct: bool) -> tuple[int, bool]:
@@ -759,12 +759,4 @@ def _makedirs_durable(folder: str) -> None:
         os.mkdir(folder)
     except FileExistsError:
         pass  # a concurrent writer made it; sync anyway, as our put must not rely on theirs
-    _fsync_dir(parent)
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(parent)

@@ -50,6 +50,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from storage.files import TEMP_PREFIX, fsync_dir
 from storage.ingest import new_object_key
 from storage.objectstore import (
     ObjectExistsError,
@@ -59,7 +60,6 @@ from storage.objectstore import (
 )
 
 SEGMENT_FOLDER = ".segments"
-TEMP_PREFIX = ".tmp."  # as storage.local's: never a segment, swept when stale
 PAGE = 4096
 SEGMENT_MAGIC = b"BLSEGM01"
 RECORD_MAGIC = b"BLRECD01"
@@ -144,14 +144,6 @@ def _read_nonce(fd: int) -> bytes | None:
     if len(head) != len(SEGMENT_MAGIC) + NONCE_BYTES or head[: len(SEGMENT_MAGIC)] != SEGMENT_MAGIC:
         return None
     return head[len(SEGMENT_MAGIC) :]
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _ofd_lock(fd: int, kind: int, start: int, length: int) -> bool:
@@ -507,7 +499,7 @@ class SegmentWriter:
         folder = self._segments.folder
         if not os.path.isdir(folder):
             os.makedirs(folder, exist_ok=True)
-            _fsync_dir(os.path.dirname(folder))
+            fsync_dir(os.path.dirname(folder))
         temp = os.path.join(folder, TEMP_PREFIX + segment.name)
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -516,7 +508,7 @@ class SegmentWriter:
             os.pwrite(fd, head + bytes(PAGE - len(head)), 0)
             os.fsync(fd)
             os.rename(temp, self._segments.path(segment.name))
-            _fsync_dir(folder)
+            fsync_dir(folder)
         except BaseException:
             os.close(fd)
             try:

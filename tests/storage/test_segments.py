@@ -199,17 +199,23 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_a_killed_writer_loses_no_record_it_wrote(tmp_path: Path) -> None:
+def start_writer(root: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """A process that wrote WRITER's 20 records into root and holds its segment."""
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(tmp_path)],
+        [sys.executable, "-c", WRITER, str(root)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
     )
+    assert writer.stdout is not None
+    keys = [writer.stdout.readline().strip() for _ in range(20)]
+    assert writer.stdout.readline() == "done\n"
+    return writer, keys
+
+
+def test_a_killed_writer_loses_no_record_it_wrote(tmp_path: Path) -> None:
+    writer, keys = start_writer(tmp_path)
     try:
-        assert writer.stdout is not None
-        keys = [writer.stdout.readline().strip() for _ in range(20)]
-        assert writer.stdout.readline() == "done\n"
         store = LocalObjectStore(str(tmp_path))
         delete(store, keys[0])
         assert len(segment_files(tmp_path)) == 1
@@ -225,16 +231,8 @@ def test_a_killed_writer_loses_no_record_it_wrote(tmp_path: Path) -> None:
 
 
 def test_a_dead_writers_emptied_segment_goes_at_the_next_list(tmp_path: Path) -> None:
-    writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+    writer, keys = start_writer(tmp_path)
     try:
-        assert writer.stdout is not None
-        keys = [writer.stdout.readline().strip() for _ in range(20)]
-        assert writer.stdout.readline() == "done\n"
         store = LocalObjectStore(str(tmp_path))
         for key in keys:
             delete(store, key)
