@@ -256,24 +256,22 @@ class LocalObjectStore:
         """get() as a read-only view: of the file mapped into memory for a range of
         MAP_MIN bytes or more (see the module's rules)."""
         _check_range(start, end)
-        path = self._path(key)
         self.stats["gets"] += 1
-        data = await self._run(partial(self._view_file, path, key, start, end))
+        data = await self._run(partial(self._view_file, key, start, end))
         self.stats["bytes_got"] += len(data)
         return data
 
     def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
         _check_range(start, end)
-        path = self._path(key)
         self.stats["gets"] += 1
-        data = self._wrapped(partial(self._view_file, path, key, start, end))
+        data = self._wrapped(partial(self._view_file, key, start, end))
         self.stats["bytes_got"] += len(data)
         return data
 
-    def _view_file(self, path: str, key: str, start: int, end: int | None) -> memoryview:
+    def _view_file(self, key: str, start: int, end: int | None) -> memoryview:
         if is_packed_key(key):  # a copy: a packed object is a flush, small
             return memoryview(self.segments.read(key, start, end))
-        fd = _open_object(path, key)
+        fd = _open_object(self._path(key), key)
         try:
             start, stop = _bounds(fd, key, start, end)
             if stop - start >= MAP_MIN and self.mappings.works:

@@ -30,7 +30,9 @@ Rules:
   whose own head is unreadable is never unlinked.
 - list reads the heads of every segment's records (holes skipped with SEEK_DATA). A head
   counts only if its digest, keyed with the segment's nonce, matches, so no object's data
-  (a client's records) can pass for a head.
+  (a client's records) can pass for a head. Of a segment no writer holds, a folder keeps
+  the key prefixes it found: such a segment gains no record, so a list of a prefix none
+  of them may start with (a readiness probe's, the journal's) passes it by unread.
 - The writer makes a segment's file at the first write into it, in the writing thread:
   reserving a place (on the event loop) does no I/O.
 """
@@ -188,6 +190,9 @@ class SegmentFolder:
     root: str
     folder: str = field(init=False)
     _nonces: dict[str, bytes] = field(default_factory=dict, init=False)
+    # The key prefixes once found in each segment no writer holds any more: such a
+    # segment only loses records, so a list of another prefix passes it by unread.
+    _closed_prefixes: dict[str, frozenset[str]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.folder = os.path.join(self.root, SEGMENT_FOLDER)
@@ -265,15 +270,11 @@ class SegmentFolder:
                 return  # a range stream reads it: left for the orphan sweep
             if not _punch(fd, offset, _record_span(found[1])):
                 os.pwrite(fd, bytes(PAGE), offset)  # unfound now; its space goes with the file
+            emptied = os.fstat(fd).st_blocks * 512 <= NEARLY_EMPTY
         finally:
             os.close(fd)  # releases the lock
-        segment, _offset = _place(key)
-        try:
-            emptied = os.stat(self.path(segment)).st_blocks * 512 <= NEARLY_EMPTY
-        except FileNotFoundError:
-            return
         if emptied:
-            self.remove_if_empty(segment)
+            self.remove_if_empty(_place(key)[0])
 
     def remove_if_empty(self, segment: str) -> bool:
         """Unlink the segment if no writer holds it and it has no record left."""
@@ -291,6 +292,7 @@ class SegmentFolder:
             if nonce is None or any(True for _ in _records(fd, nonce)):
                 return False
             self._nonces.pop(segment, None)
+            self._closed_prefixes.pop(segment, None)
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -306,23 +308,53 @@ class SegmentFolder:
             names = [n for n in os.listdir(self.folder) if not n.startswith(TEMP_PREFIX)]
         except FileNotFoundError:
             return []
+        if len(self._closed_prefixes) >= MAX_NONCES:
+            self._closed_prefixes.clear()
         found: list[ObjectInfo] = []
         for name in names:
+            known = self._closed_prefixes.get(name)
+            if known is not None and not any(_may_hold(p, prefix) for p in known):
+                continue
             try:
                 fd = os.open(self.path(name), os.O_RDONLY)
             except FileNotFoundError:
+                self._closed_prefixes.pop(name, None)
                 continue
             try:
+                closed = known is not None or _unheld(fd)
                 nonce = _read_nonce(fd)
                 records = [] if nonce is None else list(_records(fd, nonce))
             finally:
-                os.close(fd)
+                os.close(fd)  # releases the shared lock _unheld took
             if not records:
                 self.remove_if_empty(name)
+            elif closed and known is None:
+                self._closed_prefixes[name] = frozenset(_key_prefix(r[0]) for r in records)
             for key, size, written_ns in records:
                 if key.startswith(prefix):
                     found.append(ObjectInfo(key=key, size=size, last_modified=written_ns / 1e9))
         return found
+
+
+def _unheld(fd: int) -> bool:
+    """Whether no writer holds the segment (a shared flock, kept until fd is closed)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _key_prefix(key: str) -> str:
+    """The prefix a packed key was reserved with: what comes before its ULID."""
+    return key[: key.index("~") - 26]
+
+
+def _may_hold(key_prefix: str, prefix: str) -> bool:
+    """Whether a key reserved with key_prefix may start with prefix."""
+    if len(prefix) <= len(key_prefix):
+        return key_prefix.startswith(prefix)
+    return prefix.startswith(key_prefix)
 
 
 def _records(fd: int, nonce: bytes) -> Iterator[tuple[str, int, int]]:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -96,6 +97,36 @@ def test_files_and_packed_objects_list_together_in_key_order(tmp_path: Path) -> 
     )
     with pytest.raises(ValueError):
         store.put_sync(f"{SEGMENT_FOLDER}/x", b"x")
+
+
+def test_a_list_passes_by_the_closed_segments_holding_none_of_its_prefix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scans: list[int] = []
+    records = segments._records
+
+    def counted(fd: int, nonce: bytes) -> Iterator[tuple[str, int, int]]:
+        scans.append(fd)
+        return records(fd, nonce)
+
+    monkeypatch.setattr(segments, "_records", counted)
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    ingest = put_packed(store, b"a")
+    other = put_packed(store, b"b", prefix="j/0/")
+    assert listed(store, "ready/") == [] and len(scans) == 1
+    assert listed(store, "ready/") == [] and len(scans) == 2, "held by its writer: read"
+    anyio.run(store.aclose)
+    scans.clear()
+    reader = LocalObjectStore(str(tmp_path))
+    assert listed(reader, "ready/") == [] and len(scans) == 1, "read once more"
+    assert listed(reader, "ready/") == [] and len(scans) == 1, "then passed by"
+    assert listed(reader, "j/1") == [] and len(scans) == 1
+    assert [i.key for i in listed(reader, "in")] == [ingest] and len(scans) == 2
+    assert [i.key for i in listed(reader, "j/0/")] == [other] and len(scans) == 3
+    assert [i.key for i in listed(reader, "j/0/" + other[4:8])] == [other]
+    delete(reader, other)
+    assert listed(reader, "j/") == [], "a deleted record: not listed"
+    assert [i.key for i in listed(reader)] == [ingest]
 
 
 def test_a_put_only_writes_a_place_reserved_here(tmp_path: Path) -> None:
