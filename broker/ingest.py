@@ -44,9 +44,9 @@ from metadata import keys
 from metadata.kv import KV
 from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partition
 from protocol.records import RecordBatchView
-from storage.cache import ObjectCache
+from storage.cache import ObjectCache, Pieces
 from storage.hedge import HedgedPuts
-from storage.ingest import INGEST_PREFIX, ChunkLocation, encode_ingest_file
+from storage.ingest import INGEST_PREFIX, ChunkLocation, encode_ingest_parts
 from storage.objectstore import ObjectStore
 from storage.threads import ThreadPool
 
@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 ACK_WITHOUT_COMMIT = "ingest.ack_without_commit"  # a fault point: test-only
 MAX_CONCURRENT_FLUSHES = 8  # uploads under way at once, each in a thread of its own
+HELD_SLACK = 64 * 1024  # bytes a flush's pieces may keep alive beyond a quarter more
 
 
 @dataclass(slots=True)
@@ -73,7 +74,9 @@ class _Flush:
 
     seq: int
     key: str
-    data: bytes
+    # The object as the pieces it is made of (its batches among them, views of the
+    # requests' frames), written as they are and never joined unless read.
+    parts: list[bytes | memoryview]
     pending: list[PendingBatch]
     deadlines: list[float | None]  # of each pending batch (_Queued.deadline)
     # The buffer index of each pending batch, then of each dropped one.
@@ -217,14 +220,17 @@ class IngestPipeline:
             try:
                 flush = self._prepare(items, seq)
                 # Into the cache first: no reader looks for this key before its commit.
-                self._cache.put(flush.key, flush.data)
+                self._cache.put(flush.key, Pieces(flush.parts))
                 began = time.monotonic()
                 with charge(partial(self._weights, items)):
                     if self._hedge is not None:
-                        await self._hedge.put(flush.key, flush.data, self._hedged_threads)
+                        data = b"".join(flush.parts)
+                        await self._hedge.put(flush.key, data, self._hedged_threads)
                     else:
                         await self._uploads.run(
-                            partial(self._store.put_sync, flush.key, flush.data, if_absent=True)
+                            partial(
+                                self._store.put_parts_sync, flush.key, flush.parts, if_absent=True
+                            )
                         )
             except Exception as exc:  # nothing of it is acked
                 if flush is None:
@@ -363,17 +369,22 @@ class IngestPipeline:
             planned.append(self._plan(items, list(groups.values()), locations))
             return self._table(planned[0].pending)
 
-        data, _locations = encode_ingest_file(chunks, plan)
+        parts, _locations = encode_ingest_parts(chunks, plan)
+        size = sum(len(part) for part in parts)
+        if _held_bytes(parts) > size + size // 4 + HELD_SLACK:
+            # The requests' frames hold much more than their batches here (partitions
+            # refused, say): keep a copy of the batches rather than the frames.
+            parts = [b"".join(parts)]
         (found,) = planned
         return _Flush(
             seq,
-            self._object_key(len(data)),
-            data,
+            self._object_key(size),
+            parts,
             found.pending,
             found.deadlines,
             found.order + found.dropped,
             Promise(),
-            size=len(data),
+            size=size,
             started_at=anyio.current_time(),
             dropped=[(items[i].topic_id, items[i].partition) for i in found.dropped],
         )
@@ -453,3 +464,15 @@ def _acked_not_committed(
     if state is None:
         return AppendResult(ErrorCode.unknown_topic_or_partition)
     return AppendResult(ErrorCode.none, state.high_watermark, state.log_start_offset)
+
+
+def _held_bytes(parts: list[bytes | memoryview]) -> int:
+    """The bytes that holding `parts` keeps alive: each buffer a view is of, once."""
+    held = 0
+    buffers: dict[int, int] = {}
+    for part in parts:
+        if isinstance(part, memoryview):
+            buffers[id(part.obj)] = memoryview(part.obj).nbytes
+        else:
+            held += len(part)
+    return held + sum(buffers.values())

@@ -259,7 +259,7 @@ class JournalPipeline(IngestPipeline):
             self.stats.failed_flushes += 1
             self._hand_over(flush.seq, None)
             return [AppendResult(ErrorCode.kafka_storage_error)] * len(flush.pending)
-        flush.data = b""  # in the cache and the store; only the batch list waits
+        flush.parts = []  # in the cache and the store; only the batch list waits
         for b in flush.pending:
             self._unsequenced[b.topic_id, b.partition] += 1
         self.journal_stats.backlog_objects += 1

@@ -9,14 +9,19 @@ Rules:
   merges the ranges of one object that lie within `max_gap` of each other into a
   single ranged GET (a GET costs more than the gap bytes) and fetches different
   objects concurrently.
+- An object this agent just wrote may be held as the pieces it was built from
+  (`Pieces`: a flush's batches, views of the requests that brought them), joined only
+  once a read spans pieces or wants it whole: a flush nobody reads costs no copy.
 - Both belong to one event loop; they are not thread-safe.
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Protocol
 
 import anyio
@@ -26,6 +31,35 @@ from storage.objectstore import ObjectStore, ObjectStoreError
 DEFAULT_MAX_GAP = 1024 * 1024
 # The longest a read waits for a GET under way that brings its bytes (RangeReader).
 IN_FLIGHT_WAIT_S = 2.0
+
+
+class Pieces:
+    """An object as the pieces it is made of, in order, not joined."""
+
+    __slots__ = ("parts", "ends", "size")
+
+    def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
+        self.parts = [part for part in parts if len(part)]
+        self.ends = list(accumulate(len(part) for part in self.parts))
+        self.size = self.ends[-1] if self.ends else 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def view(self, start: int, end: int | None) -> memoryview | None:
+        """Bytes [start, end) (end None: to the end) as memoryview(joined)[start:end]
+        would give them, for 0 <= start, if they lie in one piece; else None."""
+        stop = self.size if end is None else min(end, self.size)
+        if start >= stop:
+            return memoryview(b"")
+        i = bisect_right(self.ends, start)
+        if stop > self.ends[i]:
+            return None
+        begin = self.ends[i] - len(self.parts[i])
+        return memoryview(self.parts[i])[start - begin : stop - begin]
+
+    def joined(self) -> bytes:
+        return b"".join(self.parts)
 
 
 class ObjectCache:
@@ -40,7 +74,9 @@ class ObjectCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         # key -> whole object, or (key, start) -> bytes [start, start + len) of it
-        self._entries: OrderedDict[str | tuple[str, int], bytes | memoryview] = OrderedDict()
+        self._entries: OrderedDict[str | tuple[str, int], bytes | memoryview | Pieces] = (
+            OrderedDict()
+        )
         self._ranges: dict[str, dict[int, int]] = {}  # key -> {start: end} held
         self.stats: dict[str, int] = {"hits": 0, "misses": 0, "evictions": 0, "bytes": 0}
 
@@ -60,7 +96,7 @@ class ObjectCache:
         """The keys of the objects held whole, least recently used first."""
         return [key for key in self._entries if isinstance(key, str)]
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
+    def put(self, key: str, data: bytes | memoryview | Pieces) -> None:
         self.discard(key)
         self._add(key, data)
 
@@ -74,7 +110,7 @@ class ObjectCache:
         self._ranges.setdefault(key, {})[start] = start + len(data)
         self._add((key, start), data)
 
-    def _add(self, entry: str | tuple[str, int], data: bytes | memoryview) -> None:
+    def _add(self, entry: str | tuple[str, int], data: bytes | memoryview | Pieces) -> None:
         if len(data) > self.max_bytes:
             self._forget_range(entry)
             return  # would evict everything and still not fit
@@ -103,15 +139,24 @@ class ObjectCache:
             return None
         self._entries.move_to_end(key)
         self.stats["hits"] += 1
+        if isinstance(data, Pieces):  # wanted whole: joined once, and held so
+            data = self._entries[key] = data.joined()
         return data
 
     def slice(self, key: str, start: int, end: int | None = None) -> memoryview | None:
-        """Bytes [start, end) of a held object or range without copying, or None (end
-        None: to the end of the object, or of the range holding start)."""
+        """Bytes [start, end) of a held object or range without copying (but for the
+        first range across an object's pieces), or None (end None: to the end of the
+        object, or of the range holding start)."""
         data = self._entries.get(key)
         if data is not None:
             self._entries.move_to_end(key)
             self.stats["hits"] += 1
+            if isinstance(data, Pieces):
+                view = data.view(start, end)
+                if view is not None:
+                    return view
+                # Across pieces: joined once, and held so (a consumer reads it all).
+                data = self._entries[key] = data.joined()
             return memoryview(data)[start:end]
         found = self._range_start(key, start, end)
         if found is None:
@@ -121,7 +166,9 @@ class ObjectCache:
         self._entries.move_to_end(entry)
         self.stats["hits"] += 1
         stop = None if end is None else end - found
-        return memoryview(self._entries[entry])[start - found : stop]
+        held = self._entries[entry]
+        assert not isinstance(held, Pieces)  # a range is read ahead, never pieces
+        return memoryview(held)[start - found : stop]
 
     def covers(self, key: str, start: int, end: int) -> bool:
         """Whether bytes [start, end) are held, whole or in one range (nothing counted)."""

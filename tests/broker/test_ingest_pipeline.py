@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,12 @@ class FaultyStore(LocalObjectStore):
     def put_sync(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         self._before()
         super().put_sync(key, data, if_absent=if_absent)
+
+    def put_parts_sync(
+        self, key: str, parts: Sequence[bytes | memoryview], *, if_absent: bool = False
+    ) -> None:
+        self._before()
+        super().put_parts_sync(key, parts, if_absent=if_absent)
 
 
 class Setup:
@@ -136,6 +142,41 @@ async def test_one_flush_numbers_each_partition_in_arrival_order(setup: Setup) -
     # the object is in the cache for tailing consumers
     (key,) = setup.cache.whole_objects()
     assert (Path(setup.store.root) / key).read_bytes() == setup.cache.get(key)
+
+
+async def test_a_flush_is_cached_as_its_batches_unless_they_hold_much_more(
+    setup: Setup,
+) -> None:
+    """A flush's object is neither joined nor copied for the cache: a range of one batch
+    is a view of the request's own bytes. Batches that are small views of a large frame
+    (its other partitions refused, say) are copied, so the cache holds no more than it
+    counts."""
+    pipeline = setup.pipeline(flush_interval_ms=50)
+    data, view = batch(b"v", records=20)
+    frame = bytes(100) + data + bytes(5)
+    mine = memoryview(frame)[100 : 100 + len(data)]
+    large = bytes(1 << 20) + data
+    small_of_large = memoryview(large)[1 << 20 :]
+    topic_id = setup.topic.topic_id
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        first = pipeline.enqueue(topic_id, 0, mine, view)
+        assert (await first.wait()).error == ErrorCode.none
+        second = pipeline.enqueue(topic_id, 1, small_of_large, view)
+        assert (await second.wait()).error == ErrorCode.none
+        tg.cancel_scope.cancel()
+    kept, copied = setup.cache.whole_objects()
+    chunk = log.read_chunks  # where each batch sits in its object
+    entries = {
+        p: setup.kv.read_sync(lambda tr, p=p: chunk(tr, SUB, topic_id, p, 0, 10))[0] for p in (0, 1)
+    }
+    held = setup.cache.slice(kept, entries[0].start, entries[0].start + len(data))
+    assert held is not None and bytes(held) == data
+    assert held.obj is frame, "a view of the request's frame: no copy"
+    other = setup.cache.slice(copied, entries[1].start, entries[1].start + len(data))
+    assert other is not None and bytes(other) == data
+    assert other.obj is not large, "a copy: the large frame is not kept alive"
+    assert setup.values(0) == setup.values(1) == [b"v-%d" % i for i in range(20)]
 
 
 async def test_overlapping_flushes_commit_in_the_order_batches_arrived(setup: Setup) -> None:

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from storage import cache as cache_module
-from storage.cache import ObjectCache, RangeReader
+from storage.cache import ObjectCache, Pieces, RangeReader
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectNotFoundError, ObjectStore
 
@@ -27,6 +27,28 @@ def test_cache_put_get_slice() -> None:
     assert cache.get("b") is None
     assert cache.slice("b", 0, 1) is None
     assert cache.stats == {"hits": 3, "misses": 2, "evictions": 0, "bytes": 10}
+
+
+def test_an_object_held_in_pieces_reads_as_if_joined() -> None:
+    parts = [b"0123", memoryview(b"xx45678yy")[2:7], b"", b"9", memoryview(b"abcdef")]
+    whole = b"".join(parts)
+    assert len(Pieces(parts)) == len(whole) == 16
+    for start in range(len(whole) + 2):
+        for end in [None, *range(len(whole) + 2)]:
+            cache = ObjectCache(max_bytes=100)
+            cache.put("a", Pieces(parts))
+            view = cache.slice("a", start, end)
+            assert view is not None and bytes(view) == whole[start:end], (start, end)
+            assert cache.total_bytes == 16
+    cache = ObjectCache(max_bytes=100)
+    cache.put("a", Pieces(parts))
+    inside = cache.slice("a", 5, 8)
+    assert inside is not None and inside.obj is parts[1].obj, "in one piece: a view"
+    across = cache.slice("a", 3, 11)
+    assert across is not None and bytes(across) == whole[3:11]
+    assert across.obj is cache.get("a") == whole, "across pieces: joined once, and held"
+    cache.put("b", Pieces(parts))
+    assert cache.get("b") == whole and cache.slice("b", 5, 8).obj is cache.get("b")
 
 
 def test_cache_evicts_least_recently_used_by_bytes() -> None:
