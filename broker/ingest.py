@@ -224,8 +224,7 @@ class IngestPipeline:
                 began = time.monotonic()
                 with charge(partial(self._weights, items)):
                     if self._hedge is not None:
-                        data = b"".join(flush.parts)
-                        await self._hedge.put(flush.key, data, self._hedged_threads)
+                        await self._hedge.put(flush.key, flush.parts, self._hedged_threads)
                     else:
                         await self._uploads.run(
                             partial(

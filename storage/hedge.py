@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -89,19 +89,21 @@ class HedgedPuts:
                 self.stats.threshold_us = round(self._threshold * 1_000_000)
             return self._threshold
 
-    def _timed_put(self, key: str, data: bytes) -> None:
+    def _timed_put(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
         """One conditional PUT, in a worker thread; its time is kept even when nobody
         waits for its answer any more."""
         began = self._clock()
         try:
-            self._store.put_sync(key, data, if_absent=True)
+            self._store.put_parts_sync(key, parts, if_absent=True)
         finally:
             with self._lock:
                 self._times.append(self._clock() - began)
                 self._since_threshold += 1
 
-    async def put(self, key: str, data: bytes, limiter: anyio.CapacityLimiter) -> None:
-        """Write `data` under `key` if absent, hedged; the first request in a thread of
+    async def put(
+        self, key: str, parts: Sequence[bytes | memoryview], limiter: anyio.CapacityLimiter
+    ) -> None:
+        """Write the parts' bytes, in order, under `key` if absent, hedged; the first request in a thread of
         `limiter`. Raises as the store does (an ObjectExistsError only if neither
         request wrote it)."""
         self.stats.puts += 1
@@ -112,7 +114,7 @@ class HedgedPuts:
         async def request(number: int, limiter: anyio.CapacityLimiter) -> None:
             try:
                 await anyio.to_thread.run_sync(
-                    partial(self._timed_put, key, data), limiter=limiter, abandon_on_cancel=True
+                    partial(self._timed_put, key, parts), limiter=limiter, abandon_on_cancel=True
                 )
             except Exception as exc:
                 outcomes.append((number, exc))

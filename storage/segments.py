@@ -81,7 +81,9 @@ IOV_MAX = 1024
 NEARLY_EMPTY = 16 * PAGE
 MAX_NONCES = 4096  # segments whose nonce a folder remembers
 
-_PACKED = re.compile(r"^(?:[^/~]+/)*[0-9A-Z]{26}~(?P<segment>[0-9a-f]{32})~(?P<offset>[0-9]+)$")
+_PACKED = re.compile(
+    r"^(?P<prefix>(?:[^/~]+/)*)[0-9A-Z]{26}~(?P<segment>[0-9a-f]{32})~(?P<offset>[0-9]+)$"
+)
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -347,7 +349,9 @@ def _unheld(fd: int) -> bool:
 
 def _key_prefix(key: str) -> str:
     """The prefix a packed key was reserved with: what comes before its ULID."""
-    return key[: key.index("~") - 26]
+    found = _PACKED.match(key)
+    assert found is not None  # a record's key, checked by its digest
+    return found["prefix"]
 
 
 def _may_hold(key_prefix: str, prefix: str) -> bool:

@@ -47,12 +47,18 @@ import run as bench  # noqa: E402  (the harness's helpers: systems, tools, count
 MB = 1_000_000
 
 
+_stores: dict[str, Any] = {}  # one LocalObjectStore per agent's folder, for every sample
+
+
 def store_listing(system: bench.Bucketlog) -> tuple[int, int]:
     """(objects, bytes) in the agent's local object store, as it lists them (the flushes
     packed into segment files count one each, at their size)."""
     from storage.local import LocalObjectStore
 
-    store = LocalObjectStore(str(system.dir / "data" / "objects"))
+    root = str(system.dir / "data" / "objects")
+    store = _stores.get(root)
+    if store is None:
+        store = _stores[root] = LocalObjectStore(root)
     listed = anyio.run(store.list)
     return len(listed), sum(info.size for info in listed)
 

@@ -56,7 +56,7 @@ async def hedged(inner: ObjectStore, script: Script) -> tuple[HedgedPuts, Object
     hedge = HedgedPuts(store, percentile=90, min_samples=SAMPLES, floor_s=0.001)
     limiter = anyio.CapacityLimiter(4)
     for i in range(SAMPLES):  # the PUT times it learns from
-        await hedge.put(f"warm/{i}", b"w", limiter)
+        await hedge.put(f"warm/{i}", [b"w"], limiter)
     return hedge, store
 
 
@@ -72,7 +72,7 @@ async def test_a_slow_put_is_answered_by_its_second_request(
     hedge, store = hedged
     assert hedge.threshold() is not None
     script.slow(SLOW)  # the first request of the next PUT; its second one is fast
-    took = await _timed(lambda: hedge.put("obj/1", b"payload", anyio.CapacityLimiter(4)))
+    took = await _timed(lambda: hedge.put("obj/1", [b"payload"], anyio.CapacityLimiter(4)))
     assert took < SLOW / 2
     assert await store.get("obj/1") == b"payload"
     assert (hedge.stats.hedged, hedge.stats.hedge_won) == (1, 1)
@@ -86,7 +86,7 @@ async def test_no_second_request_before_the_times_are_known(
     )
     assert hedge.threshold() is None
     script.slow(0.5)
-    took = await _timed(lambda: hedge.put("obj/2", b"x", anyio.CapacityLimiter(4)))
+    took = await _timed(lambda: hedge.put("obj/2", [b"x"], anyio.CapacityLimiter(4)))
     assert took >= 0.5
     assert hedge.stats.hedged == 0
 
@@ -98,7 +98,7 @@ async def test_a_key_holding_another_object_is_refused(
     await store.put("taken", b"someone else's")
     script.slow(0.5)  # hedged: both requests find the key taken
     with pytest.raises(ObjectExistsError):
-        await hedge.put("taken", b"mine", anyio.CapacityLimiter(4))
+        await hedge.put("taken", [b"mine"], anyio.CapacityLimiter(4))
     assert hedge.stats.hedged == 1
     assert await store.get("taken") == b"someone else's"
 
@@ -108,11 +108,11 @@ async def test_both_requests_slow_the_first_answer_wins(
 ) -> None:
     hedge, store = hedged
     script.slow(0.6, 0.3)
-    took = await _timed(lambda: hedge.put("obj/3", b"both", anyio.CapacityLimiter(4)))
+    took = await _timed(lambda: hedge.put("obj/3", [b"both"], anyio.CapacityLimiter(4)))
     assert took < 0.6
     assert await store.get("obj/3") == b"both"
     # Later PUTs are unaffected by the abandoned request still running in its thread.
     for i in itertools.islice(itertools.count(), 5):
-        await hedge.put(f"after/{i}", b"a", anyio.CapacityLimiter(4))
+        await hedge.put(f"after/{i}", [b"a"], anyio.CapacityLimiter(4))
     await anyio.sleep(0.7)
     assert await store.get("obj/3") == b"both"
