@@ -47,7 +47,6 @@ from typing import Any, cast
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from kio.schema.errors import ErrorCode
 
 from broker import eventlog, tls
@@ -57,7 +56,7 @@ from broker.handlers import REGISTRY, api_versions, sasl
 from broker.handlers.errors import error_response
 from broker.listeners import Listener, SecurityProtocol
 from broker.sasl import AuthenticationFailed
-from broker.sync import Promise, Turn
+from broker.sync import Channel, Promise, Turn
 from broker.zones import ClientZone
 from metadata.kv import KVError
 from protocol.codec import (
@@ -145,10 +144,11 @@ async def send_frame(stream: anyio.abc.ByteStream, frame: Frame) -> None:
     """
     transport: Any = getattr(stream, "_transport", None)
     # asyncio's transports are WriteTransports; uvloop's have the same methods but are not
-    # subclasses of it.
-    if len(frame) > 1 and hasattr(transport, "get_write_buffer_size"):
+    # subclasses of it. (The socket from the transport itself: the stream's `extra` builds
+    # a table of every attribute it has on each call.)
+    if hasattr(transport, "get_write_buffer_size"):
         if transport.get_write_buffer_size() == 0 and not transport.is_closing():
-            fd = stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+            fd = transport.get_extra_info("socket").fileno()
             while frame:
                 batch = frame[:WRITEV_PARTS]
                 try:
@@ -383,14 +383,14 @@ class _Connection:
             )
 
     async def serve(self) -> None:
-        answers: MemoryObjectSendStream[_Answer]
-        pending: MemoryObjectReceiveStream[_Answer]
-        answers, pending = anyio.create_memory_object_stream(MAX_IN_FLIGHT)
+        answers: Channel[_Answer] = Channel(MAX_IN_FLIGHT)
         try:
             async with self.stream, anyio.create_task_group() as tg:
-                tg.start_soon(self.writer, pending, tg.cancel_scope)
-                async with answers:
+                tg.start_soon(self.writer, answers, tg.cancel_scope)
+                try:
                     await self.reader(answers)
+                finally:
+                    answers.close()
                 # The client closed its side: answer what is in flight, then close.
         except GONE as exc:  # closing a stream the client reset
             self.went_away(exc)
@@ -401,7 +401,7 @@ class _Connection:
                 task.cancel()
             self.memory.release(self.held)
 
-    async def reader(self, answers: MemoryObjectSendStream[_Answer]) -> None:
+    async def reader(self, answers: Channel[_Answer]) -> None:
         loop = asyncio.get_running_loop()
         previous = Turn.ended_already()
         while True:
@@ -419,7 +419,7 @@ class _Connection:
                     "without a byte more while others wait for request memory"
                 )
                 refused.fail(_Close(eventlog.MALFORMED_REQUEST, reason))
-                await answers.send(_Answer(b"", refused))
+                await answers.put(_Answer(b"", refused))
                 return
             self.framing.receive_data(chunk)
             while True:
@@ -431,14 +431,14 @@ class _Connection:
                     # the request before it is answered.
                     refused = Promise()
                     refused.fail(_Close(eventlog.MALFORMED_REQUEST, str(exc)))
-                    await answers.send(_Answer(b"", refused))
+                    await answers.put(_Answer(b"", refused))
                     return
                 size = self.framing.pending_frame_size if frame is None else len(frame)
                 refusal = self.auth.frame_refusal(size)
                 if refusal is not None:
                     refused = Promise()
                     refused.fail(_Close(eventlog.AUTHENTICATION_FAILURE, refusal))
-                    await answers.send(_Answer(b"", refused))
+                    await answers.put(_Answer(b"", refused))
                     return
                 if frame is None:
                     # Hold the memory of the frame still arriving before reading on.
@@ -452,7 +452,7 @@ class _Connection:
                     await self.memory.reserve(size - self.held)
                     self.held = size
                 answer = _Answer(frame[:4], Promise())
-                await answers.send(answer)
+                await answers.put(answer)
                 turn = Turn()
                 task = loop.create_task(self.run_one(frame, answer.frame, previous, turn))
                 self.handlers.add(task)
@@ -509,62 +509,58 @@ class _Connection:
             turn.end()
             self.memory.release(len(frame))
 
-    async def writer(
-        self, pending: MemoryObjectReceiveStream[_Answer], scope: anyio.CancelScope
-    ) -> None:
+    async def writer(self, pending: Channel[_Answer], scope: anyio.CancelScope) -> None:
         """Write the answers in request order. Answers that are ready together (a flush
         answers every Produce of the connection it holds) go out in one write: one
         system call, and fewer packets for the client to take."""
-        async with pending:
-            following: _Answer | None = None  # taken from pending, not yet written
-            while True:
-                if following is not None:
-                    answer, following = following, None
-                else:
-                    try:
-                        answer = await pending.receive()
-                    except anyio.EndOfStream:
-                        return
-                self.answering = answer
+        following: _Answer | None = None  # taken from pending, not yet written
+        while True:
+            if following is not None:
+                answer, following = following, None
+            else:
+                taken = await pending.take()
+                if taken is None:  # the reader ended, and every answer went out
+                    return
+                answer = taken
+            self.answering = answer
+            try:
+                data = await answer.frame.wait()
+            except _Close as exc:
+                self.events.record(
+                    exc.kind, "closing connection from %s: %s", self.peer, exc.reason
+                )
+                scope.cancel()
+                return
+            last = data if isinstance(data, _Last) else None
+            frame = last.frame if last is not None else cast(Frame | None, data)
+            if last is None:
+                frame, following = _with_ready(frame, pending)
+            if frame is not None:
                 try:
-                    data = await answer.frame.wait()
-                except _Close as exc:
-                    self.events.record(
-                        exc.kind, "closing connection from %s: %s", self.peer, exc.reason
-                    )
+                    await send_frame(self.stream, frame)
+                except GONE as exc:
+                    self.went_away(exc)
                     scope.cancel()
                     return
-                last = data if isinstance(data, _Last) else None
-                frame = last.frame if last is not None else cast(Frame | None, data)
-                if last is None:
-                    frame, following = _with_ready(frame, pending)
-                if frame is not None:
-                    try:
-                        await send_frame(self.stream, frame)
-                    except GONE as exc:
-                        self.went_away(exc)
-                        scope.cancel()
-                        return
-                if last is not None:
-                    self.events.record(
-                        last.kind, "closing connection from %s: %s", self.peer, last.reason
-                    )
-                    scope.cancel()
-                    return
-                self.answering = None
+            if last is not None:
+                self.events.record(
+                    last.kind, "closing connection from %s: %s", self.peer, last.reason
+                )
+                scope.cancel()
+                return
+            self.answering = None
 
 
 def _with_ready(
-    frame: Frame | None, pending: MemoryObjectReceiveStream[_Answer]
+    frame: Frame | None, pending: Channel[_Answer]
 ) -> tuple[Frame | None, _Answer | None]:
     """`frame` followed by the parts of the answers queued after it that are ready
     already, up to the first that is not ready, fails (closes the connection) or is the
     connection's last; that one is returned to be written on its own."""
     parts = frame
     while True:
-        try:
-            answer = pending.receive_nowait()
-        except (anyio.WouldBlock, anyio.EndOfStream):
+        answer = pending.take_nowait()
+        if answer is None:
             return parts, None
         promise = answer.frame
         if not promise.done() or promise.failed():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
@@ -84,6 +85,79 @@ class Flag:
 def _expire(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class Channel(Generic[T]):
+    """A bounded first-in, first-out queue from one task to another, closed by the task
+    that puts.
+
+    What a connection's reader hands its writer for every request: anyio's memory object
+    streams cost a checkpoint (a turn of the event loop), an event and a lookup of the
+    current task per item, on each side. Here, putting while there is room and taking
+    while there are items never yield; a taker that has to wait (or a putter, while
+    `size` items wait) waits on one future, which the other side completes. A task
+    cancelled while it waits leaves nothing behind. One task puts, one task takes.
+    """
+
+    __slots__ = ("_items", "_size", "_closed", "_taker", "_putter")
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("a channel holds one item at least")
+        self._items: deque[T] = deque()
+        self._size = size
+        self._closed = False
+        self._taker: asyncio.Future[None] | None = None
+        self._putter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put(self, item: T) -> None:
+        """Add item at the end, once fewer than `size` items wait."""
+        if self._closed:
+            raise RuntimeError("put into a closed channel")
+        while len(self._items) >= self._size:
+            self._putter = asyncio.get_running_loop().create_future()
+            try:
+                await self._putter
+            finally:
+                self._putter = None
+        if self._closed:
+            raise RuntimeError("put into a closed channel")
+        self._items.append(item)
+        _expire_if_waiting(self._taker)
+
+    def take_nowait(self) -> T | None:
+        """The first item, or None when none waits."""
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        _expire_if_waiting(self._putter)
+        return item
+
+    async def take(self) -> T | None:
+        """The first item, once there is one; None once the channel is closed and every
+        item put was taken."""
+        while not self._items:
+            if self._closed:
+                return None
+            self._taker = asyncio.get_running_loop().create_future()
+            try:
+                await self._taker
+            finally:
+                self._taker = None
+        return self.take_nowait()
+
+    def close(self) -> None:
+        """Nothing more is put: the taker gets None once it took what is there."""
+        self._closed = True
+        _expire_if_waiting(self._taker)
+
+
+def _expire_if_waiting(future: asyncio.Future[None] | None) -> None:
+    if future is not None:
+        _expire(future)
 
 
 class Promise(Generic[T]):

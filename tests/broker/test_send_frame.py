@@ -83,6 +83,20 @@ async def test_a_frame_goes_out_in_one_writev(monkeypatch: pytest.MonkeyPatch) -
     assert calls == [(len(frame), len(expected), len(expected))]
 
 
+async def test_an_answer_of_one_part_goes_out_in_one_writev_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not through the stream's send, which takes a turn of the event loop and a cancel
+    # scope for every answer.
+    calls = _counting_writev(monkeypatch)
+    frame: list[bytes | bytearray | memoryview] = [b"\x00\x00\x00\x04" + b"body"]
+    async with connected() as (stream, client):
+        await send_frame(stream, frame)
+        got = await anyio.to_thread.run_sync(_read_exactly, client, 8)
+    assert got == b"\x00\x00\x00\x04body"
+    assert calls == [(1, 8, 8)]
+
+
 async def test_what_the_socket_does_not_take_is_queued_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -7,7 +7,7 @@ import time
 import anyio
 import pytest
 
-from broker.sync import Flag, Promise, Turn
+from broker.sync import Channel, Flag, Promise, Turn
 
 
 async def test_waiters_wake_when_set_and_later_waits_return_at_once() -> None:
@@ -73,3 +73,57 @@ def test_made_and_set_without_an_event_loop() -> None:
     turn = Turn()
     turn.end()
     assert turn.ended
+
+
+async def test_a_channel_hands_items_over_in_order_and_ends_once_closed_and_empty() -> None:
+    channel: Channel[int] = Channel(4)
+    taken: list[int] = []
+
+    async def taker() -> None:
+        while (item := await channel.take()) is not None:
+            taken.append(item)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(taker)
+        await anyio.wait_all_tasks_blocked()  # the taker waits on an empty channel
+        for i in range(100):
+            await channel.put(i)
+        channel.close()
+    assert taken == list(range(100))
+    assert await channel.take() is None
+    with pytest.raises(RuntimeError):
+        await channel.put(100)
+
+
+async def test_a_full_channel_holds_its_putter_until_an_item_is_taken() -> None:
+    channel: Channel[int] = Channel(2)
+    put: list[int] = []
+
+    async def putter() -> None:
+        for i in range(5):
+            await channel.put(i)
+            put.append(i)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(putter)
+        await anyio.wait_all_tasks_blocked()
+        assert put == [0, 1] and len(channel) == 2  # the third waits for room
+        assert channel.take_nowait() == 0
+        await anyio.wait_all_tasks_blocked()
+        assert put == [0, 1, 2]
+        assert [channel.take_nowait() for _ in range(2)] == [1, 2]
+        await anyio.wait_all_tasks_blocked()
+        assert put == [0, 1, 2, 3, 4]
+    assert [channel.take_nowait() for _ in range(3)] == [3, 4, None]
+
+
+async def test_a_task_cancelled_while_it_waits_on_a_channel_leaves_nothing_behind() -> None:
+    channel: Channel[int] = Channel(1)
+    with anyio.move_on_after(0.01):
+        await channel.take()
+    assert channel._taker is None
+    await channel.put(1)
+    with anyio.move_on_after(0.01):
+        await channel.put(2)  # full
+    assert channel._putter is None
+    assert channel.take_nowait() == 1 and channel.take_nowait() is None
