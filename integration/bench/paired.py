@@ -7,7 +7,10 @@ Usage: integration/bench/paired.py --a "LABEL=ARGS" --b "LABEL=ARGS" [--runs 3]
 
 A variant is a label and the extra `bucketlog serve` arguments (e.g. "asyncio=--event-loop
 asyncio"); `BENCH_BUCKETLOG_A` / `BENCH_BUCKETLOG_B` may name another command for each
-(e.g. an older checkout's `bucketlog`). Each run starts a fresh one-agent broker of each
+(e.g. an older checkout's `bucketlog`). A script that runs `broker.cli.main` from another
+tree must do so under `if __name__ == "__main__"`: compaction's worker processes are
+spawned, and import the main module again; without the guard each runs the agent's
+command line instead of a worker, and the agent runs without compaction. Each run starts a fresh one-agent broker of each
 variant in turn (the order alternates run by run: AB, BA, AB, ...), warms it up, runs the
 workloads once, and stops it, so that both variants see the machine in the same states.
 Figures are run.py's: MB/s of the tool, broker CPU s per GB, GETs and metadata reads per
