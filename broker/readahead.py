@@ -189,6 +189,10 @@ class ReadAhead:
             "failures": 0,
             "streams_opened": 0,
             "streamed_ranges": 0,
+            # Of the ranges and objects read: those of ingest files and level-1 objects
+            # (the rest are level 2's, or of objects without a level).
+            "level0_reads": 0,
+            "level1_reads": 0,
         }
 
     def note_fetch(
@@ -402,6 +406,9 @@ class ReadAhead:
                     self._cache.put_range(piece.object_key, piece.start, data)
                     self.stats["ranges"] += 1
                 self.stats["bytes"] += len(data)
+                level = records[piece.object_key].level if piece.object_key in records else None
+                if level == 0 or level == 1:
+                    self.stats[f"level{level}_reads"] += 1
             finally:
                 self._reading.pop(piece).set()
             if request is not None:

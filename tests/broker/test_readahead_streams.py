@@ -146,6 +146,7 @@ async def test_a_partitions_range_of_a_large_object_of_many_is_one_plain_get(
         assert gets(store) - before == 1
         assert ahead.stats["ranges"] == 1 and ahead.stats["objects"] == 0
         assert ahead.stats["bytes"] == MiB
+        assert ahead.stats["level1_reads"] == 1 and ahead.stats["level0_reads"] == 0
         assert ahead.stats["streams_opened"] == 0 and not ahead._streams
         assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
     finally:
@@ -196,6 +197,7 @@ async def test_a_partitions_run_in_a_level_two_object_of_several_is_one_stream_t
         assert opened == [("big", 2 * MiB, 3 * MiB)]
         assert gets(store) - before == 1
         assert ahead.stats["streams_opened"] == 1 and not ahead._streams  # read to its end
+        assert ahead.stats["level0_reads"] == ahead.stats["level1_reads"] == 0
         assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
     finally:
         await ahead.aclose()
