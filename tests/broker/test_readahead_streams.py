@@ -250,3 +250,97 @@ async def test_a_fetch_that_overtook_its_read_ahead_waits_for_it_instead_of_a_ge
     finally:
         await ahead.aclose()
         kv.close()
+
+
+async def _small_objects(
+    store: ObjectStore, tmp_path: Path, count: int
+) -> tuple[SQLiteKV, keys.Subspace, bytes, list[bytes]]:
+    """`count` ingest files of 64 KiB, each one entry of partition 0, in offset order."""
+    sub = keys.cluster_subspace("read-ahead-batches")
+    topic = b"t" * 16
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+    bodies = [os.urandom(64 * 1024) for _ in range(count)]
+    for i, body in enumerate(bodies):
+        await store.put(f"small-{i}", body)
+
+    def write(tr):  # type: ignore[no-untyped-def]
+        for i, body in enumerate(bodies):
+            put_object(tr, sub, f"small-{i}", ObjectRecord(len(body), 1, 0, None, 0))
+            put_entry(
+                tr, sub, topic, 0, ChunkEntry(f"small-{i}", 0, len(body), 10 * i, 10 * i + 9, 1, 0)
+            )
+
+    kv.transact_sync(write)
+    return kv, sub, topic, bodies
+
+
+async def test_small_objects_of_a_stretch_are_read_by_one_worker_thread_in_a_row(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """Whole objects (and plain ranges) are handed to a worker thread together, up to
+    BATCH_PIECES at a time, instead of one hand-off each."""
+    kv, sub, topic, bodies = await _small_objects(store, tmp_path, readahead.BATCH_PIECES + 2)
+    ahead = ReadAhead(kv, sub, store, ObjectCache(64 * MiB), ChunkCache())
+    handed: list[int] = []
+    run = ahead._threads.run
+
+    async def counting(fn, *args):  # type: ignore[no-untyped-def]
+        handed.append(len(args[0]) if args and isinstance(args[0], list) else 1)
+        return await run(fn, *args)
+
+    ahead._threads.run = counting  # type: ignore[method-assign]
+    try:
+        before = gets(store)
+        await ahead._read_stretch((topic, 0), 0, None)
+        assert handed == [readahead.BATCH_PIECES, 2]
+        assert gets(store) - before == len(bodies)
+        assert ahead.stats["objects"] == len(bodies) and ahead.stats["level0_reads"] == len(bodies)
+        for i, body in enumerate(bodies):
+            assert bytes(ahead._cache.slice(f"small-{i}", 0, len(body)) or b"") == body
+        assert not ahead._reading
+    finally:
+        await ahead.aclose()
+        kv.close()
+
+
+async def test_a_failed_read_in_a_batch_keeps_what_came_before_it_and_releases_the_rest(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    kv, sub, topic, bodies = await _small_objects(store, tmp_path, 5)
+    await store.delete("small-2")
+    ahead = ReadAhead(kv, sub, store, ObjectCache(64 * MiB), ChunkCache())
+    try:
+        with pytest.raises(Exception, match="small-2"):
+            await ahead._read_stretch((topic, 0), 0, None)
+        assert "small-0" in ahead._cache and "small-1" in ahead._cache
+        assert "small-3" not in ahead._cache and "small-4" not in ahead._cache
+        assert not ahead._reading  # no Fetch waits for a read that will not come
+    finally:
+        await ahead.aclose()
+        kv.close()
+
+
+async def test_a_stretch_a_fetch_waits_for_is_read_piece_by_piece_until_it_has_its_bytes(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    kv, sub, topic, bodies = await _small_objects(store, tmp_path, readahead.BATCH_PIECES + 2)
+    ahead = ReadAhead(kv, sub, store, ObjectCache(64 * MiB), ChunkCache())
+    handed: list[int] = []
+    run = ahead._threads.run
+
+    async def counting(fn, *args):  # type: ignore[no-untyped-def]
+        handed.append(len(args[0]) if args and isinstance(args[0], list) else 1)
+        return await run(fn, *args)
+
+    ahead._threads.run = counting  # type: ignore[method-assign]
+    request = readahead._Request((topic, 0), 0, urgent=True)
+    waited = [ChunkEntry(f"small-{i}", 0, len(bodies[i]), 10 * i, 10 * i + 9, 1, 0) for i in (0, 1)]
+    ahead._promise(request, waited)
+    try:
+        await ahead._read_stretch((topic, 0), 0, None, request)
+        # The two pieces the Fetch waits for one by one, then the rest together.
+        assert handed == [1, 1, readahead.BATCH_PIECES]
+        assert not request.promised and not ahead._promised and not ahead._reading
+    finally:
+        await ahead.aclose()
+        kv.close()
