@@ -433,8 +433,7 @@ class ReadAhead:
                 taken, batch = batch, []
                 await self._read_batch(taken, records, request)
         finally:
-            for piece in batch:  # given up unread (a failure, or cancelled)
-                self._reading.pop(piece).set()
+            self._release(batch)  # given up unread (a failure, or cancelled)
 
     async def _read_batch(
         self, batch: list[_Piece], records: Mapping[str, ObjectRecord], request: _Request | None
@@ -447,12 +446,16 @@ class ReadAhead:
             for piece, data in zip(batch, got, strict=False):
                 self._keep(piece, data, records)
         finally:
-            for piece in batch:
-                self._reading.pop(piece).set()
+            self._release(batch)
         if request is not None:
             self._keep_promises(request, ended=False)
         if error is not None:
             raise error
+
+    def _release(self, pieces: list[_Piece]) -> None:
+        """These pieces are no longer being read: what waits for them goes on."""
+        for piece in pieces:
+            self._reading.pop(piece).set()
 
     def _get_all(self, batch: list[_Piece]) -> tuple[list[bytes | memoryview], Exception | None]:
         """In a worker thread: each piece's bytes, up to the first that fails."""
@@ -568,6 +571,7 @@ async def _close(held: _Stream) -> None:
 
 
 def _piece_bytes(piece: _Piece, records: Mapping[str, ObjectRecord]) -> int:
+    """What a piece reads, for a batch's bound (an object without a record: a guess)."""
     if piece.start is not None and piece.end is not None:
         return piece.end - piece.start
     record = records.get(piece.object_key)

@@ -103,8 +103,8 @@ class HedgedPuts:
     async def put(
         self, key: str, parts: Sequence[bytes | memoryview], limiter: anyio.CapacityLimiter
     ) -> None:
-        """Write the parts' bytes, in order, under `key` if absent, hedged; the first request in a thread of
-        `limiter`. Raises as the store does (an ObjectExistsError only if neither
+        """Write the parts' bytes, in order, under `key` if absent, hedged; the first
+        request in a thread of `limiter`. Raises as the store does (an ObjectExistsError only if neither
         request wrote it)."""
         self.stats.puts += 1
         threshold = self.threshold()

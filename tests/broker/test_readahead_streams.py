@@ -274,13 +274,8 @@ async def _small_objects(
     return kv, sub, topic, bodies
 
 
-async def test_small_objects_of_a_stretch_are_read_by_one_worker_thread_in_a_row(
-    store: ObjectStore, tmp_path: Path
-) -> None:
-    """Whole objects (and plain ranges) are handed to a worker thread together, up to
-    BATCH_PIECES at a time, instead of one hand-off each."""
-    kv, sub, topic, bodies = await _small_objects(store, tmp_path, readahead.BATCH_PIECES + 2)
-    ahead = ReadAhead(kv, sub, store, ObjectCache(64 * MiB), ChunkCache())
+def _count_hand_offs(ahead: ReadAhead) -> list[int]:
+    """The pieces of each call read-ahead hands to its worker threads, as they come."""
     handed: list[int] = []
     run = ahead._threads.run
 
@@ -289,6 +284,17 @@ async def test_small_objects_of_a_stretch_are_read_by_one_worker_thread_in_a_row
         return await run(fn, *args)
 
     ahead._threads.run = counting  # type: ignore[method-assign]
+    return handed
+
+
+async def test_small_objects_of_a_stretch_are_read_by_one_worker_thread_in_a_row(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """Whole objects (and plain ranges) are handed to a worker thread together, up to
+    BATCH_PIECES at a time, instead of one hand-off each."""
+    kv, sub, topic, bodies = await _small_objects(store, tmp_path, readahead.BATCH_PIECES + 2)
+    ahead = ReadAhead(kv, sub, store, ObjectCache(64 * MiB), ChunkCache())
+    handed = _count_hand_offs(ahead)
     try:
         before = gets(store)
         await ahead._read_stretch((topic, 0), 0, None)
@@ -325,14 +331,7 @@ async def test_a_stretch_a_fetch_waits_for_is_read_piece_by_piece_until_it_has_i
 ) -> None:
     kv, sub, topic, bodies = await _small_objects(store, tmp_path, readahead.BATCH_PIECES + 2)
     ahead = ReadAhead(kv, sub, store, ObjectCache(64 * MiB), ChunkCache())
-    handed: list[int] = []
-    run = ahead._threads.run
-
-    async def counting(fn, *args):  # type: ignore[no-untyped-def]
-        handed.append(len(args[0]) if args and isinstance(args[0], list) else 1)
-        return await run(fn, *args)
-
-    ahead._threads.run = counting  # type: ignore[method-assign]
+    handed = _count_hand_offs(ahead)
     request = readahead._Request((topic, 0), 0, urgent=True)
     waited = [ChunkEntry(f"small-{i}", 0, len(bodies[i]), 10 * i, 10 * i + 9, 1, 0) for i in (0, 1)]
     ahead._promise(request, waited)
