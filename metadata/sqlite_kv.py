@@ -32,9 +32,10 @@ Rules:
 * `transact`/`read` run the function in one of as many worker threads as the pool has
   connections: anyio's, or those of the `threads` factory given (the agent gives
   `storage.threads.ThreadPool`, which hands a call over for less CPU).
-  `read(fn, quick=True)` first tries fn once on the calling thread with an idle
-  connection and SQLite's busy wait off (a WAL reader rarely meets a lock); only if that
-  is not possible now does it go to a worker thread. A cancelled `await` does not
+  `read(fn, quick=True)` first tries fn once on the calling thread, on a connection of
+  its own (outside the pool, opened once in a worker thread) whose busy wait is off (a
+  WAL reader rarely meets a lock); only if that is not possible now (the connection is
+  in use by another thread, or SQLite is busy) does it go to a worker thread. A cancelled `await` does not
   abandon the thread: the transaction always finishes (commit or rollback) and its
   connection goes back to the pool clean. As with FoundationDB's
   `commit_unknown_result`, a cancelled caller cannot know whether the transaction
@@ -248,12 +249,14 @@ class _Pool:
                 self._cond.notify()
             raise
 
-    def try_acquire(self) -> sqlite3.Connection | None:
-        """An idle connection now, or None (never waits, never connects)."""
-        with self._cond:
-            if self._closed or os.getpid() != self._pid or not self._idle:
-                return None
-            return self._idle.pop()
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pid(self) -> int:
+        """The process the pool was opened in."""
+        return self._pid
 
     def release(self, conn: sqlite3.Connection, *, broken: bool = False) -> None:
         with self._cond:
@@ -292,7 +295,8 @@ class SQLiteKV:
     """The `KV` store in one SQLite file, shared safely by threads and processes.
 
     `path` is a file path (parent folders are created). `pool_size` bounds the connections
-    and the worker threads used by `transact`/`read`; it is small on purpose: SQLite has one
+    and the worker threads used by `transact`/`read` (quick reads on the calling thread
+    have one more connection of their own); it is small on purpose: SQLite has one
     writer and Python one GIL, so more threads add contention, not throughput, and a few
     are enough for reads to overlap a commit's fsync. `busy_timeout` is how long SQLite
     itself waits for another process's lock in one attempt; `retry_deadline` is how long a
@@ -320,6 +324,10 @@ class SQLiteKV:
         self._retry_deadline = retry_deadline
         self._write_lock = _write_lock_for(os.path.realpath(path))
         self._pool = _Pool(self._connect, pool_size)
+        # The connection of quick reads, outside the pool: opened once (in a worker
+        # thread) with SQLite's busy wait off for good, used by one thread at a time.
+        self._quick: sqlite3.Connection | None = None
+        self._quick_lock = threading.Lock()
         self._threads: Threads = (threads or _AnyioThreads)(pool_size, "sqlite")
         self._schema_ready = False
         self._schema_guard = threading.Lock()
@@ -439,30 +447,54 @@ class SQLiteKV:
         self.stats["commits" if write else "reads"] += 1
         return result
 
-    def _read_here(self, fn: Callable[[ReadTransaction], T]) -> tuple[bool, T | None]:
-        """One read attempt on the calling thread that never waits: (False, None) when no
-        connection is idle or SQLite is busy, so the caller goes to a worker thread."""
-        conn = self._pool.try_acquire()
-        if conn is None:
-            return False, None
-        broken = [False]
+    def _open_quick(self) -> None:
+        """Open the quick reads' connection (busy wait off); not if the store is closed."""
+        if self._quick is not None or self._pool.closed:
+            return
         try:
-            # SQLite's busy handler would sleep on this thread: fail at once instead.
+            conn = self._connect()
+        except (sqlite3.Error, KVError):
+            return  # quick reads go to a worker thread, whose attempt says what is wrong
+        keep = False
+        try:
+            # SQLite's busy handler would sleep on the calling thread: fail at once instead.
             conn.execute("PRAGMA busy_timeout=0")
+            with self._quick_lock:
+                if self._quick is None and not self._pool.closed:
+                    self._quick, keep = conn, True
+        except sqlite3.Error:
+            pass  # as above
+        finally:
+            if not keep:
+                conn.close()
+
+    def _read_here(self, fn: Callable[[ReadTransaction], T]) -> tuple[bool, T | None]:
+        """One read attempt on the calling thread that never waits: (False, None) when the
+        quick connection is missing or in use or SQLite is busy, so the caller goes to a
+        worker thread."""
+        if not self._quick_lock.acquire(blocking=False):
+            return False, None
+        try:
+            conn = self._quick
+            if conn is None or os.getpid() != self._pool.pid:
+                return False, None
+            broken = [False]
             try:
                 result = self._once(conn, fn, _ReadTx, broken)
-                self.stats["quick_reads"] += 1
-                return True, result
             except _Retry:
                 self.stats["retries"] += 1
                 return False, None
+            except sqlite3.Error as exc:
+                broken[0] = True
+                raise _wrap(exc) from exc
             finally:
-                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        except sqlite3.Error as exc:
-            broken[0] = True
-            raise _wrap(exc) from exc
+                if broken[0]:
+                    self._quick = None
+                    conn.close()
+            self.stats["quick_reads"] += 1
+            return True, result
         finally:
-            self._pool.release(conn, broken=broken[0])
+            self._quick_lock.release()
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> bool:
@@ -498,6 +530,9 @@ class SQLiteKV:
         SQLite is busy, it runs in a worker thread as usual.
         """
         if quick:
+            if self._quick is None:
+                # Once per store, in anyio's own threads: not behind busy pool workers.
+                await anyio.to_thread.run_sync(self._open_quick)
             done, result = self._read_here(fn)
             if done:
                 return cast(T, result)
@@ -506,6 +541,10 @@ class SQLiteKV:
     def close(self) -> None:
         """Close idle connections now and busy ones when their transaction ends."""
         self._pool.close()
+        with self._quick_lock:  # a quick read in progress ends first
+            conn, self._quick = self._quick, None
+        if conn is not None:
+            conn.close()
 
     async def aclose(self) -> None:
         # Closing the last connection checkpoints the WAL (file I/O): keep it off the loop.

@@ -742,18 +742,55 @@ async def test_sqlite_quick_read_runs_on_the_calling_thread(tmp_path: Path) -> N
     await kv.aclose()
 
 
-async def test_sqlite_quick_read_waits_in_a_thread_when_no_connection_is_free(
-    tmp_path: Path,
-) -> None:
+async def test_sqlite_quick_read_needs_no_pooled_connection(tmp_path: Path) -> None:
+    # A writer holds the pool's only connection in the middle of its transaction: a quick
+    # read still runs at once on the calling thread, on its own connection, and sees the
+    # last committed snapshot.
     kv = SQLiteKV(tmp_path / "kv.db", pool_size=1)
     _put(kv, {b"k": b"v"})
     inside = threading.Event()
+    go_on = threading.Event()
     here = threading.get_ident()
 
-    def slow(tr: Transaction) -> None:  # holds the only connection for 0.3 s
+    def slow(tr: Transaction) -> None:
         tr.set(b"k", b"v2")
         inside.set()
+        go_on.wait(5)
+
+    def where(tr: ReadTransaction) -> tuple[int, bytes | None]:
+        return threading.get_ident(), tr.get(b"k")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kv.transact, slow)
+        await anyio.to_thread.run_sync(inside.wait)
+        try:
+            assert await kv.read(where, quick=True) == (here, b"v")
+        finally:
+            go_on.set()
+    assert await kv.read(where, quick=True) == (here, b"v2")
+    assert kv.stats["quick_reads"] == 2
+    await kv.aclose()
+
+
+async def test_sqlite_quick_read_waits_in_a_thread_when_its_connection_is_in_use(
+    tmp_path: Path,
+) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k": b"v"})
+    await kv.read(lambda tr: tr.get(b"k"), quick=True)  # opens the quick connection
+    inside = threading.Event()
+    here = threading.get_ident()
+
+    def slow(tr: ReadTransaction) -> bytes | None:  # holds the quick connection for 0.3 s
+        inside.set()
         time.sleep(0.3)
+        return tr.get(b"k")
+
+    def elsewhere() -> bytes | None:  # a quick read of another event loop, in a thread
+        async def read() -> bytes | None:
+            return await kv.read(slow, quick=True)
+
+        return anyio.run(read)
 
     def where(tr: ReadTransaction) -> tuple[int, bytes | None]:
         return threading.get_ident(), tr.get(b"k")
@@ -767,14 +804,38 @@ async def test_sqlite_quick_read_waits_in_a_thread_when_no_connection_is_free(
             ticks += 1
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(kv.transact, slow)
+        tg.start_soon(anyio.to_thread.run_sync, elsewhere)
         await anyio.to_thread.run_sync(inside.wait)
         tg.start_soon(ticker)
         thread, value = await kv.read(where, quick=True)
+        assert thread != here and value == b"v"  # read in a worker thread
+        await anyio.sleep(0.35)  # the other read ends
         tg.cancel_scope.cancel()
-    assert thread != here and value == b"v2"  # read in a worker once the writer was done
     assert ticks >= 10  # the event loop kept running meanwhile
+    assert kv.stats["quick_reads"] == 2  # the first read and the other loop's
     await kv.aclose()
+
+
+def test_sqlite_close_closes_the_quick_connection(tmp_path: Path) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k": b"v"})
+
+    async def main() -> None:
+        assert await kv.read(lambda tr: tr.get(b"k"), quick=True) == b"v"
+
+    anyio.run(main)
+    conn = kv._quick
+    assert conn is not None
+    kv.close()
+    assert kv._quick is None
+    with pytest.raises(sqlite3.ProgrammingError):
+        conn.execute("SELECT 1")
+
+    async def after() -> None:
+        with pytest.raises(KVError):
+            await kv.read(lambda tr: tr.get(b"k"), quick=True)
+
+    anyio.run(after)
 
 
 async def test_sqlite_quick_read_goes_to_a_thread_when_sqlite_is_busy(
