@@ -234,10 +234,31 @@ def read_chunks(
     """
     _begin, end = sub.range(keys.CHUNK, topic_id, partition)
     begin = sub.key(keys.CHUNK, topic_id, partition, from_offset)
-    rows = tr.get_range(begin, end, limit=limit)
     if max_bytes is None:
-        return [decode_entry(sub, k, v) for k, v in rows]
+        return [decode_entry(sub, k, v) for k, v in tr.get_range(begin, end, limit=limit)]
+    rows = _pages(tr, begin, end, limit)
     return within_budget((decode_entry(sub, k, v) for k, v in rows), max_bytes)
+
+
+FIRST_PAGE = 32
+
+
+def _pages(
+    tr: ReadTransaction, begin: bytes, end: bytes, limit: int
+) -> Iterator[tuple[bytes, bytes]]:
+    """The pairs of [begin, end), limit at most (0: all), read in pages of FIRST_PAGE
+    that double: a reader that stops at a budget reads few more than it takes (one page
+    of `limit` would read and build them all)."""
+    page, taken = FIRST_PAGE, 0
+    while True:
+        want = min(page, limit - taken) if limit else page
+        rows = tr.get_range(begin, end, limit=want)
+        yield from rows
+        taken += len(rows)
+        if len(rows) < want or (limit and taken >= limit):
+            return
+        begin = rows[-1][0] + b"\x00"  # the first key after the last one read
+        page *= 2
 
 
 def within_budget(entries: Iterable[ChunkEntry], max_bytes: int) -> list[ChunkEntry]:

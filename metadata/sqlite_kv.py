@@ -172,10 +172,12 @@ class _ReadTx:
         if begin >= end:
             return []
         # SQLite reads LIMIT -1 as "no limit".
-        rows = self._execute(
+        # Keys and values are stored as BLOBs, which sqlite3 answers as bytes: the rows
+        # are the pairs already.
+        rows: list[tuple[bytes, bytes]] = self._execute(
             _RANGE_REVERSE if reverse else _RANGE, (begin, end, limit or -1)
         ).fetchall()
-        return [(bytes(k), bytes(v)) for k, v in rows]
+        return rows
 
 
 class _Tx(_ReadTx):

@@ -98,6 +98,47 @@ def test_read_chunks_stops_at_what_a_byte_budget_can_use(kv, topic):
     assert lengths(4, 10_000) == [4, 5]
 
 
+class _CountingReads:
+    """A read transaction that counts the pairs its ranges answered."""
+
+    def __init__(self, tr):
+        self._tr = tr
+        self.pairs = 0
+
+    def get(self, key):
+        return self._tr.get(key)
+
+    def get_range(self, begin, end, *, limit=0, reverse=False):
+        rows = self._tr.get_range(begin, end, limit=limit, reverse=reverse)
+        self.pairs += len(rows)
+        return rows
+
+
+def test_read_chunks_with_a_budget_reads_a_few_pairs_past_it_not_the_whole_limit(kv, topic):
+    for i in range(300):  # 300 entries of 100 bytes, one per object
+        commit(kv, [batch(topic, 0, 0, 1)], key=f"obj-{i}")
+
+    def read(from_offset, limit, max_bytes):
+        def txn(tr):
+            counting = _CountingReads(tr)
+            entries = log.read_chunks(
+                counting, SUB, topic.topic_id, 0, from_offset, limit, max_bytes
+            )
+            return [e.base_offset for e in entries], counting.pairs
+
+        return kv.read_sync(txn)
+
+    # 1,000 bytes: 11 entries, found in the first page.
+    assert read(0, 1024, 1000) == (list(range(11)), log.FIRST_PAGE)
+    # 5,000 bytes: 51 entries, in two pages (32 + 64).
+    assert read(10, 1024, 5000) == (list(range(10, 61)), 3 * log.FIRST_PAGE)
+    # Everything: every entry once, across the pages; and the limit still holds.
+    assert read(0, 1024, 10**9) == (list(range(300)), 300)
+    assert read(0, 0, 10**9) == (list(range(300)), 300)
+    assert read(5, 40, 10**9) == (list(range(5, 45)), 40)
+    assert read(299, 1024, 10**9) == ([299], 1)
+
+
 def test_contiguous_batches_share_an_entry(kv, topic):
     commit(kv, [batch(topic, 0, 0, 2), batch(topic, 0, 100, 3)])
     entries = kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
