@@ -35,11 +35,11 @@ Rules:
   `read(fn, quick=True)` first tries fn once on the calling thread, on a connection of
   its own (outside the pool, opened once in a worker thread) whose busy wait is off (a
   WAL reader rarely meets a lock); only if that is not possible now (the connection is
-  in use by another thread, or SQLite is busy) does it go to a worker thread. A cancelled `await` does not
-  abandon the thread: the transaction always finishes (commit or rollback) and its
-  connection goes back to the pool clean. As with FoundationDB's
-  `commit_unknown_result`, a cancelled caller cannot know whether the transaction
-  committed.
+  in use by another thread, or SQLite is busy) does it go to a worker thread. A
+  cancelled `await` does not abandon the thread: the transaction always finishes
+  (commit or rollback) and its connection goes back to the pool clean. As with
+  FoundationDB's `commit_unknown_result`, a cancelled caller cannot know whether the
+  transaction committed.
 * `add` is FoundationDB's atomic ADD on 8-byte little-endian signed integers: a missing
   key counts as 0, a shorter stored value is zero-extended and a longer one truncated to 8
   bytes, and the sum wraps modulo 2**64 (two's complement), like FDB's i64 add. SQLite
@@ -451,8 +451,8 @@ class SQLiteKV:
 
     def _open_quick(self) -> None:
         """Open the quick reads' connection (busy wait off); not if the store is closed."""
-        if self._quick is not None or self._pool.closed:
-            return
+        if self._quick is not None or self._pool.closed or os.getpid() != self._pool.pid:
+            return  # (after fork() the worker thread's attempt refuses the read)
         try:
             conn = self._connect()
         except (sqlite3.Error, KVError):
