@@ -457,18 +457,18 @@ class SQLiteKV:
             conn = self._connect()
         except (sqlite3.Error, KVError):
             return  # quick reads go to a worker thread, whose attempt says what is wrong
-        keep = False
         try:
             # SQLite's busy handler would sleep on the calling thread: fail at once instead.
             conn.execute("PRAGMA busy_timeout=0")
-            with self._quick_lock:
-                if self._quick is None and not self._pool.closed:
-                    self._quick, keep = conn, True
         except sqlite3.Error:
-            pass  # as above
-        finally:
-            if not keep:
-                conn.close()
+            conn.close()
+            return  # as above
+        with self._quick_lock:
+            keep = self._quick is None and not self._pool.closed
+            if keep:
+                self._quick = conn
+        if not keep:
+            conn.close()
 
     def _read_here(self, fn: Callable[[ReadTransaction], T]) -> tuple[bool, T | None]:
         """One read attempt on the calling thread that never waits: (False, None) when the
@@ -486,7 +486,7 @@ class SQLiteKV:
             except _Retry:
                 self.stats["retries"] += 1
                 return False, None
-            except sqlite3.Error as exc:
+            except sqlite3.Error as exc:  # stepping a cursor fn read from (not wrapped)
                 broken[0] = True
                 raise _wrap(exc) from exc
             finally:

@@ -21,7 +21,6 @@ p99, PUTs per GB and the agent's CPU per GB. A measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -94,10 +93,7 @@ def main() -> int:
             runs = one_run(extra, commands[index], args.rate)
             line = {"round": round_ + 1, "variant": label, "args": extra, "rate": args.rate}
             line["runs"] = runs
-            print(json.dumps(line), flush=True)
-            if args.out:
-                with open(args.out, "a") as out:
-                    out.write(json.dumps(line) + "\n")
+            bench.print_line(line, args.out)
     return 0
 
 

@@ -65,6 +65,15 @@ SETTLE_S = 20.0
 KAFKA_HEAP = "-Xmx1G -Xms1G"  # kafka-server-start.sh's default
 
 
+def print_line(line: dict[str, Any], out: str | None) -> None:
+    """Print a result as one JSON line, and append it to the file `out` if given."""
+    text = json.dumps(line)
+    print(text, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n")
+
+
 # -- processes ---------------------------------------------------------------------------
 
 

@@ -21,45 +21,16 @@ one JSON line. A measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import backlog_latency  # noqa: E402
 import run as bench  # noqa: E402
 
-HISTOGRAMS = ("flush_upload", "metadata_commit", "flush_end_to_end")
-
-
-def scrape(port: int) -> dict[str, list[tuple[float, float]]]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    out: dict[str, list[tuple[float, float]]] = {}
-    pattern = re.compile(r'bucketlog_(\w+)_seconds_bucket\{le="([^"]+)"\} (\S+)')
-    for line in text.decode().splitlines():
-        m = pattern.match(line)
-        if m and m[1] in HISTOGRAMS:
-            out.setdefault(m[1], []).append((float(m[2]), float(m[3])))
-    return out
-
-
-def bucket_of(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """The upper bound of the bucket holding quantile q."""
-    total = buckets[-1][1] if buckets else 0
-    for le, count in buckets:
-        if total and count >= q * total:
-            return le
-    return None
-
-
-def cpu_ticks(pid: int) -> tuple[int, int]:
-    """User and system ticks of the process (its threads, ended ones included)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
+FLUSHES = ("flush_upload", "metadata_commit", "flush_end_to_end")
 
 
 def main() -> int:
@@ -92,7 +63,7 @@ def main() -> int:
         elif args.after == "produce-1000p":
             bench.create_topic(system.bootstrap, "wide", 1000)
             bench.producers_perf(system.bootstrap, "wide", 1, 150_000, "none")
-        before, ticks = scrape(metrics_port), cpu_ticks(system.root_pid)
+        before, ticks = backlog_latency.buckets(metrics_port), bench.cpu_ticks(system.root_pid)
         if args.workload == "end-to-end":
             bench.create_topic(system.bootstrap, "e2e", 1)
             mb = 1000 * 12 * bench.RECORD_SIZE / 1e6
@@ -106,8 +77,9 @@ def main() -> int:
                 system, mb, lambda: bench.consumer_perf(system.bootstrap, "read", 150_000)
             )
             keep = ("mb_s",)
-        after, ticks_after = scrape(metrics_port), cpu_ticks(system.root_pid)
-        hz = os.sysconf("SC_CLK_TCK")
+        after = backlog_latency.buckets(metrics_port)
+        ticks_after = bench.cpu_ticks(system.root_pid)
+        assert ticks is not None and ticks_after is not None, "the agent is gone"
         result.update({k: round(r[k], 2) for k in keep})
         result.update(
             {
@@ -121,20 +93,17 @@ def main() -> int:
                 )
             }
         )
-        result["agent_user_s"] = round((ticks_after[0] - ticks[0]) / hz, 2)
-        result["agent_system_s"] = round((ticks_after[1] - ticks[1]) / hz, 2)
-        for name in HISTOGRAMS:
-            start = dict(before.get(name, []))
-            window = [(le, count - start.get(le, 0)) for le, count in after.get(name, [])]
-            result[f"{name}_p50_bucket_s"] = bucket_of(window, 0.5)
-            result[f"{name}_p99_bucket_s"] = bucket_of(window, 0.99)
+        result["agent_user_s"] = round((ticks_after[0] - ticks[0]) / bench.CLK_TCK, 2)
+        result["agent_system_s"] = round((ticks_after[1] - ticks[1]) / bench.CLK_TCK, 2)
+        flushes = backlog_latency.quantiles(before, after)
+        for name in FLUSHES:
+            found = flushes.get(f"bucketlog_{name}_seconds")  # none: no flush in the window
+            for q in ("p50", "p99"):
+                result[f"{name}_{q}_bucket_s"] = found and found[f"{q}_le_ms"] / 1000
     finally:
         system.stop()
     result["at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    print(json.dumps(result))
-    if args.out:
-        with open(args.out, "a") as out:
-            out.write(json.dumps(result) + "\n")
+    bench.print_line(result, args.out)
     return 0
 
 
