@@ -825,7 +825,7 @@ def _run_many(args: argparse.Namespace, argv: Sequence[str], config: BrokerConfi
             own += ["--advertised-listeners", format_listeners(agent.advertised_listeners)]
         if args.metrics_port:
             own += ["--metrics-port", str(args.metrics_port + index)]
-        commands[agent.port] = [sys.executable, "-m", "broker.cli", *argv, *own]
+        commands[agent.port] = [sys.executable, "-m", "broker", *argv, *own]
         addresses[agent.port] = (agent.advertised, agent.advertised_port)
     registry = AgentRegistry(config.resolved_metadata_url, config.cluster_name, addresses)
     try:

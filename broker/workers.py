@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.costs import AccountingStore, Ledger
+from broker.lean import leave_out_test_only_modules
 from storage.objectstore import ObjectStore, open_store
 
 if TYPE_CHECKING:
@@ -184,6 +185,7 @@ _store: AccountingStore | None = None
 
 def _start_worker(spec: StoreSpec, nice: int, log_level: int) -> None:
     global _store
+    leave_out_test_only_modules()  # before the jobs' modules are imported
     if sys.platform == "linux":  # dies with the agent, even one killed with -9
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)

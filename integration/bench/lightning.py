@@ -750,7 +750,7 @@ def main() -> int:
 
     os.environ.update(CREDENTIALS)
     # This checkout's broker (BENCH_BUCKETLOG: another command, as for run.py).
-    os.environ.setdefault("BENCH_BUCKETLOG", f"{sys.executable} -m broker.cli")
+    os.environ.setdefault("BENCH_BUCKETLOG", f"{sys.executable} -m broker")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(bench.REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     )

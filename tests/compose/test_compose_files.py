@@ -145,7 +145,7 @@ def test_dockerfile_base_user_and_entrypoint(
     command = json.loads(entrypoint)
     assert command == ["bucketlog", "serve"]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts[command[0]] == "broker.cli:main"
+    assert scripts[command[0]] == "broker.__main__:main"
     args = parse_serve(dockerfile.env, command[1:], monkeypatch)
     assert args.command == "serve"
     assert args.host == "0.0.0.0"  # reachable from outside the container

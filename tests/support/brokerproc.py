@@ -195,7 +195,7 @@ class BrokerProcess:
         args = [
             sys.executable,
             "-m",
-            "broker.cli",
+            "broker",
             "serve",
             "--host",
             "127.0.0.1",
