@@ -55,14 +55,19 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The whole suite, then a second configuration: the end-to-end tests again with every
-# broker on the S3 store (a moto server) and SQLite metadata, in this one process.
-# TEST_WORKERS=2 runs them in two processes, each given whole files: 11 minutes instead
-# of 21 on 2 cores, but timing-bound tests still fail there now and then (see README).
-TEST_WORKERS ?= 0
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# broker on the S3 store (a moto server) and SQLite metadata. Each configuration runs in
+# two passes: first the tests not marked `serial`, in TEST_WORKERS pytest processes
+# (pytest-xdist, whole files to each: most of them wait on brokers, clients and timers,
+# not on a core), then the `serial` ones (kills, faults, chaos, the JVMs) in one process
+# alone. TEST_WORKERS=0 runs each configuration in one process, in one pass.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile -m "not serial")
 test: $(STAMP) kcat prometheus jars lint
-	$(PYTEST)
-	$(PYTEST) tests/e2e --object-store s3
+	$(PYTEST) $(PARALLEL)
+	$(if $(PARALLEL),$(PYTEST) -m serial)
+	$(PYTEST) tests/e2e --object-store s3 $(PARALLEL)
+	$(if $(PARALLEL),$(PYTEST) tests/e2e --object-store s3 -m serial)
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): pyproject.toml | $(STAMP)

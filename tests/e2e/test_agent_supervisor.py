@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from tests.e2e.rawclient import ensure_topic, produce_raw
 from tests.support.brokerproc import BrokerProcess, free_ports, pid_alive, wait_for_port
 
-pytestmark = pytest.mark.store_independent
+pytestmark = [pytest.mark.store_independent, pytest.mark.serial]
 
 T = TypeVar("T")
 

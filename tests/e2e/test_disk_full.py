@@ -14,7 +14,7 @@ import pytest
 
 from integration.chaos import diskfull
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 
 @pytest.mark.parametrize("store", ["objects", "metadata"])

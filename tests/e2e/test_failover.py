@@ -24,7 +24,7 @@ from tests.e2e.rawclient import ensure_topic, roundtrip
 from tests.support.brokerproc import BrokerProcess, free_ports
 from tests.support.groups import request, wait_for_agents, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 PARTITIONS = 6
 RATE = 300  # records a second, over every partition

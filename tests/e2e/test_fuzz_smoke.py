@@ -27,7 +27,7 @@ from integration.chaos import fuzz
 from tests.support import regression_frames
 from tests.support.brokerproc import BrokerProcess, free_ports
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 SEED = int(os.environ.get("BUCKETLOG_FUZZ_SEED", "20261124"))
 # An idle agent holds about 70 MiB; a 64 MiB decompression bomb on a compacted topic

@@ -21,7 +21,7 @@ from tests.support.group_consumers import (
 )
 from tests.support.groups import commit, fetch_offsets, find_coordinator, wait_for_agents
 
-pytestmark = pytest.mark.store_independent
+pytestmark = [pytest.mark.store_independent, pytest.mark.serial]
 
 FAST = ["--group-initial-rebalance-delay-ms", "300", "--group-min-session-timeout-ms", "1000"]
 MAX_POLL_RECORDS = 20  # what every runner asks for per poll

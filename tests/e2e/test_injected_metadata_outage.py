@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from protocol.records import build_batch
 from tests.e2e.wire import WireClient, produce
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 TOPIC = "outage"
 

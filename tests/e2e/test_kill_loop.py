@@ -13,7 +13,7 @@ import pytest
 from broker.ingest import ACK_WITHOUT_COMMIT
 from integration.chaos import killloop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 SHORT = [
     "--agents", "3",

@@ -24,7 +24,7 @@ from tests.e2e.test_retention import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.mark.parametrize(

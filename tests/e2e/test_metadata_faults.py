@@ -15,7 +15,7 @@ import pytest
 from integration.chaos import metafaults
 from tests.support import fdb_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 
 def run(tmp_path, extra: list[str]) -> dict:

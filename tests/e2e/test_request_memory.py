@@ -19,7 +19,7 @@ import pytest
 from tests.e2e.wire import WireClient, metadata
 from tests.support.brokerproc import BrokerProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 MIB = 1024 * 1024
 FRAME = 100 * MIB  # Kafka's and the agent's default largest request

@@ -27,7 +27,7 @@ from kio.schema.errors import ErrorCode
 from tests.e2e.wire import WireClient, init_producer_id
 from tests.support.brokerproc import BrokerProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 OUTAGE_S = float(os.environ.get("BUCKETLOG_RIPCORD_OUTAGE_S", "6"))
 

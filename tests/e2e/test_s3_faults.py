@@ -15,7 +15,7 @@ import pytest
 from broker.ingest import ACK_WITHOUT_COMMIT
 from integration.chaos import s3faults
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 SHORT = [
     "--agents", "2",

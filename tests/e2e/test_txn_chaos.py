@@ -21,7 +21,7 @@ from broker import faults
 from broker.transactions import END_COMMIT_REFUSED
 from integration.chaos import transactions
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 SHORT = [
     "--agents", "3",

@@ -36,7 +36,7 @@ from tests.e2e.rawclient import ensure_topic
 from tests.e2e.wire import ConnectionClosed, WireClient, request
 from tests.support.brokerproc import BrokerProcess, free_ports, wait_for_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
+pytestmark = [pytest.mark.slow, pytest.mark.store_independent, pytest.mark.serial]
 
 PRODUCE, INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, END_TXN = 0, 22, 24, 26
 

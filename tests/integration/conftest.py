@@ -25,12 +25,16 @@ if str(INTEGRATION) not in sys.path:
 NO_JAVA = "`java` is not on PATH (Spark and Apache Kafka's tools need Java 17+)"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marker added here
 def pytest_collection_modifyitems(config, items):
-    if shutil.which("java") is None:
-        skip = pytest.mark.skip(reason=NO_JAVA)
-        for item in items:
-            if item.nodeid.startswith("tests/integration/"):
-                item.add_marker(skip)
+    java = shutil.which("java") is not None
+    for item in items:
+        if item.nodeid.startswith("tests/integration/"):
+            # JVMs (Spark, Kafka Streams, the tools) take a core and seconds to start:
+            # `make test` runs these alone, after the others (the `serial` marker).
+            item.add_marker(pytest.mark.serial)
+            if not java:
+                item.add_marker(pytest.mark.skip(reason=NO_JAVA))
 
 
 @pytest.fixture(scope="session")

@@ -21,18 +21,36 @@ import pytest
 
 from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
 
-_handed_out: set[int] = set()
+# Test brokers listen below the kernel's ephemeral range (32768-60999 by default), so that
+# a port freed by a killed agent cannot be taken, while the test starts the agent again,
+# by another process's bind to port 0 or by an outgoing connection's local port. Each
+# pytest-xdist worker of a run takes its own slice of the range.
+PORT_RANGE = range(20000, 32000)
+_SLICES = 4
+_next: int | None = None
+
+
+def _slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % _SLICES if worker.isdigit() else 0
+    size = len(PORT_RANGE) // _SLICES
+    start = PORT_RANGE.start + index * size
+    return range(start, start + size)
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` consecutive free ports on 127.0.0.1, none handed out before in this process:
-    the kernel may offer a port again as soon as it is closed, and a test that asks for a
-    port and then starts a broker (which asks for its own) would get two of the same."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535 or _handed_out.intersection(range(base, base + count)):
+    """`count` consecutive free ports on 127.0.0.1, taken in turn from this process's slice
+    of PORT_RANGE: none is handed out again before the other 2,999 of the slice were (a
+    test that asks for a port and then starts a broker, which asks for its own, gets two
+    different ones)."""
+    global _next
+    ports = _slice()
+    if _next is None:
+        _next = ports.start + os.getpid() % (len(ports) // 2)
+    for _ in range(len(ports)):
+        base = _next
+        _next = base + count if base + 2 * count <= ports.stop else ports.start
+        if base + count > ports.stop:
             continue
         ok = True
         for port in range(base, base + count):
@@ -43,9 +61,8 @@ def free_ports(count: int) -> list[int]:
                     ok = False
                     break
         if ok:
-            _handed_out.update(range(base, base + count))
             return list(range(base, base + count))
-    raise RuntimeError("no free port range")
+    raise RuntimeError(f"no {count} free ports in a row in {ports}")
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:
