@@ -24,7 +24,9 @@ from tests.storage.moto_support import TEST_BUCKET, TEST_CREDENTIALS
 # Test brokers listen below the kernel's ephemeral range (32768-60999 by default), so that
 # a port freed by a killed agent cannot be taken, while the test starts the agent again,
 # by another process's bind to port 0 or by an outgoing connection's local port. Each
-# pytest-xdist worker of a run takes its own slice of the range.
+# pytest-xdist worker of a run takes its own slice of the range (past the fourth, workers
+# share slices, from different starting points, as processes outside xdist share the
+# first).
 PORT_RANGE = range(20000, 32000)
 _SLICES = 4
 _next: int | None = None
@@ -40,9 +42,9 @@ def _slice() -> range:
 
 def free_ports(count: int) -> list[int]:
     """`count` consecutive free ports on 127.0.0.1, taken in turn from this process's slice
-    of PORT_RANGE: none is handed out again before the other 2,999 of the slice were (a
-    test that asks for a port and then starts a broker, which asks for its own, gets two
-    different ones)."""
+    of PORT_RANGE (3,000 ports): a port comes round again only after the rest of the slice
+    has (a test that asks for a port and then starts a broker, which asks for its own,
+    gets two different ones)."""
     global _next
     ports = _slice()
     if _next is None:
