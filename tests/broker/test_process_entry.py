@@ -1,6 +1,6 @@
 """What an agent's processes load: `python -m broker` (and the `bucketlog` command) leave
 hypothesis out, which kio would otherwise import for test strategies it never needs
-there; so do compaction's worker processes. And the ports test brokers are given."""
+there; so do compaction's worker processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from broker.workers import StoreSpec, WorkerPool
-from tests.support import brokerproc
 
 pytestmark = pytest.mark.slow
 
@@ -49,18 +48,3 @@ async def test_a_compaction_worker_imports_kio_without_hypothesis(tmp_path: Path
     finally:
         pool.close()
     assert loaded == {"kio": True, "hypothesis": False}
-
-
-def test_test_brokers_ports_are_below_the_ephemeral_range_one_slice_per_worker(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    seen = {}
-    for worker in ("gw0", "gw1"):
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-        monkeypatch.setattr(brokerproc, "_next", None)
-        ports = [p for _ in range(50) for p in brokerproc.free_ports(3)]
-        assert len(set(ports)) == len(ports)  # none handed out twice
-        assert all(p in brokerproc.PORT_RANGE and p < low for p in ports)
-        seen[worker] = set(ports)
-    assert not seen["gw0"] & seen["gw1"]

@@ -50,21 +50,20 @@ def free_ports(count: int) -> list[int]:
     if _next is None:
         _next = ports.start + os.getpid() % (len(ports) // 2)
     for _ in range(len(ports)):
-        base = _next
-        _next = base + count if base + 2 * count <= ports.stop else ports.start
-        if base + count > ports.stop:
-            continue
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        base = _next if _next + count <= ports.stop else ports.start
+        _next = base + count
+        if all(_bindable(port) for port in range(base, base + count)):
             return list(range(base, base + count))
     raise RuntimeError(f"no {count} free ports in a row in {ports}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def listening(port: int, host: str = "127.0.0.1") -> bool:
