@@ -43,7 +43,11 @@ Rules:
 * `add` is FoundationDB's atomic ADD on 8-byte little-endian signed integers: a missing
   key counts as 0, a shorter stored value is zero-extended and a longer one truncated to 8
   bytes, and the sum wraps modulo 2**64 (two's complement), like FDB's i64 add. SQLite
-  gives no extra concurrency for it (the write lock is held anyway); it is read + write.
+  gives no extra concurrency for it (the write lock is held anyway); it is a read and a
+  write, done once per key per transaction: the deltas are summed until the key is read
+  or written or the transaction commits. A deletion step (forget_deleted of 100 objects,
+  two tallies each) went from 8.0-9.6 to 5.9-6.4 ms of CPU, a retention step of 1,000
+  entries from 76-96 to 72-82 ms (integration/bench/tally_steps.py, six pairs).
 """
 
 from __future__ import annotations
@@ -181,18 +185,43 @@ class _ReadTx:
 
 
 class _Tx(_ReadTx):
-    """A read-write `Transaction`: its writes are visible to its own later reads."""
+    """A read-write `Transaction`: its writes are visible to its own later reads.
 
-    __slots__ = ()
+    An `add` is kept as a delta per key until something reads or writes that key, or
+    the transaction commits: then one read and one write apply the deltas summed (the
+    same value as applying each in turn, since the sum wraps modulo 2**64 either way).
+    A transaction that counts the same tallies many times (a group of flushes, a step of
+    retention or of deletions) writes each once."""
+
+    __slots__ = ("_adds",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(conn)
+        self._adds: dict[bytes, int] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._adds:
+            self._apply(key)
+        return super().get(key)
+
+    def get_range(
+        self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        if self._adds:
+            for key in [k for k in self._adds if begin <= k < end]:
+                self._apply(key)
+        return super().get_range(begin, end, limit=limit, reverse=reverse)
 
     def set(self, key: bytes, value: bytes) -> None:
         _check_key(key)
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"values must be bytes, not {type(value).__name__}")
+        self._adds.pop(key, None)  # the value set replaces whatever was added
         self._execute(_SET, (key, value))
 
     def clear(self, key: bytes) -> None:
         _check_key(key)
+        self._adds.pop(key, None)
         self._execute(_CLEAR, (key,))
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
@@ -200,16 +229,31 @@ class _Tx(_ReadTx):
         _check_key(begin)
         _check_key(end)
         if begin < end:
+            if self._adds:
+                for key in [k for k in self._adds if begin <= k < end]:
+                    del self._adds[key]
             self._execute(_CLEAR_RANGE, (begin, end))
 
     def add(self, key: bytes, delta: int) -> None:
         """FDB atomic ADD: value += delta as little-endian i64, missing = 0, wrapping."""
+        _check_key(key)
         if not _I64_MIN <= delta <= _I64_MAX:
             raise ValueError(f"add: delta {delta} is outside the signed 64-bit range")
-        total = decode_i64(self.get(key)) + delta
+        if not self._open:
+            raise KVError("transaction used after its function returned")
+        self._adds[key] = self._adds.get(key, 0) + delta
+
+    def _apply(self, key: bytes) -> None:
+        delta = self._adds.pop(key)
+        total = decode_i64(super().get(key)) + delta
         # Wrap into [-2**63, 2**63) like a two's-complement 64-bit add.
         wrapped = ((total - _I64_MIN) & 0xFFFF_FFFF_FFFF_FFFF) + _I64_MIN
         self._execute(_SET, (key, encode_i64(wrapped)))
+
+    def _before_commit(self) -> None:
+        """Write the deltas no read or write has applied yet."""
+        while self._adds:
+            self._apply(next(iter(self._adds)))
 
 
 class _Pool:
@@ -426,6 +470,8 @@ class SQLiteKV:
         tr = make_tx(conn)
         try:
             result = fn(tr)
+            if isinstance(tr, _Tx):
+                tr._before_commit()
         except BaseException as exc:
             tr._open = False
             broken[0] = not self._rollback(conn)

@@ -161,6 +161,47 @@ def test_atomic_add(kv: KV) -> None:
         kv.transact_sync(lambda tr: tr.add(b"n", 1 << 63))  # not an i64 delta
 
 
+def test_atomic_add_is_seen_by_the_transactions_own_reads_and_writes(kv: KV) -> None:
+    _put(kv, {b"t/a": encode_i64(1), b"t/b": encode_i64(2), b"t/c": encode_i64(3)})
+
+    def fn(tr: Transaction) -> list[Any]:
+        seen: list[Any] = []
+        tr.add(b"t/a", 10)
+        seen.append(decode_i64(tr.get(b"t/a")))  # 11
+        tr.add(b"t/a", 5)
+        tr.add(b"t/b", 20)
+        tr.add(b"t/new", 7)
+        seen.append([(k, decode_i64(v)) for k, v in tr.get_range(b"t/", b"t0")])
+        tr.add(b"t/b", 1)
+        tr.set(b"t/b", encode_i64(100))  # a set after an add replaces the sum
+        tr.add(b"t/c", 1)
+        tr.clear(b"t/c")  # and so does a clear
+        tr.add(b"t/c", 2)  # counted from nothing again
+        tr.add(b"u/x", 4)
+        tr.clear_range(b"u/", b"u0")
+        tr.add(b"u/y", 9)
+        tr.add(b"u/y", -4)
+        return seen
+
+    seen = kv.transact_sync(fn)
+    assert seen == [11, [(b"t/a", 16), (b"t/b", 22), (b"t/c", 3), (b"t/new", 7)]]
+    assert [(k, decode_i64(v)) for k, v in _all(kv)] == [
+        (b"t/a", 16),
+        (b"t/b", 100),
+        (b"t/c", 2),
+        (b"t/new", 7),
+        (b"u/y", 5),
+    ]
+
+    def rolled_back(tr: Transaction) -> None:
+        tr.add(b"t/a", 1000)
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        kv.transact_sync(rolled_back)
+    assert decode_i64(_get(kv, b"t/a")) == 16
+
+
 def test_large_values(kv: KV, backend: Backend) -> None:
     size = backend.large_value_size  # 1 MiB on SQLite; FoundationDB's cap is 100,000 bytes
     big = os.urandom(size)
@@ -679,6 +720,31 @@ def test_sqlite_transaction_is_unusable_after_its_function(tmp_path: Path) -> No
     kv.close()
     with pytest.raises(KVError, match="closed"):
         kv.transact_sync(lambda tr: tr.get(b"k"))
+
+
+def test_sqlite_writes_a_key_added_to_many_times_once(tmp_path: Path) -> None:
+    """Adds are summed per key and written at the end: rows written, as SQLite counts
+    them on the transaction's connection (total_changes)."""
+    kv = SQLiteKV(tmp_path / "kv.db")
+
+    def fn(tr: Transaction) -> int:
+        conn = tr._conn  # type: ignore[attr-defined]
+        before = conn.total_changes
+        for _ in range(100):
+            tr.add(b"objects", 1)
+            tr.add(b"bytes", 4096)
+        tr.set(b"other", b"v")
+        tr._before_commit()  # type: ignore[attr-defined]  (what the commit runs)
+        return int(conn.total_changes - before)
+
+    try:
+        assert kv.transact_sync(fn) == 3
+        assert decode_i64(_get(kv, b"objects")) == 100
+        assert decode_i64(_get(kv, b"bytes")) == 409600
+        with pytest.raises(KVError):
+            kv.transact_sync(lambda tr: tr).add(b"objects", 1)  # after its function
+    finally:
+        kv.close()
 
 
 def test_sqlite_refuses_memory_databases() -> None:
