@@ -444,26 +444,14 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"Percentiles after each run's first {warmup_s:g} s of records (a new JVM per "
             "minute); whole run: all of its records.",
-            "",
-            "| produce, per minute | p50 ms | p99 ms | max ms | whole run p99 ms | whole run "
-            "max ms | MB/s |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for i, r in enumerate(produce, 1):
-            lines.append(
-                f"| {i} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['all_p99_ms']} | "
-                f"{r['all_max_ms']} | {r['mb_s']:.1f} |"
-            )
-    else:
-        lines += [
-            "",
-            "| produce, per minute | p50 ms | p99 ms | max ms | MB/s |",
-            "|---|---|---|---|---|",
-        ]
-        for i, r in enumerate(produce, 1):
-            lines.append(
-                f"| {i} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['mb_s']:.1f} |"
-            )
+    whole = ["whole run p99 ms", "whole run max ms"] if warmup_s else []
+    header = ["produce, per minute", "p50 ms", "p99 ms", "max ms", *whole, "MB/s"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for i, r in enumerate(produce, 1):
+        cells = [i, r["p50_ms"], r["p99_ms"], r["max_ms"]]
+        cells += [r["all_p99_ms"], r["all_max_ms"]] if warmup_s else []
+        lines.append("| " + " | ".join(map(str, cells)) + f" | {r['mb_s']:.1f} |")
     lines += [
         "",
         f"Produce p99, median of the minutes: {statistics.median(r['p99_ms'] for r in produce)} ms.",
