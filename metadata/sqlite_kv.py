@@ -207,9 +207,8 @@ class _Tx(_ReadTx):
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
-        if self._adds:
-            for key in [k for k in self._adds if begin <= k < end]:
-                self._apply(key)
+        for key in self._pending_in(begin, end):
+            self._apply(key)
         return super().get_range(begin, end, limit=limit, reverse=reverse)
 
     def set(self, key: bytes, value: bytes) -> None:
@@ -229,9 +228,8 @@ class _Tx(_ReadTx):
         _check_key(begin)
         _check_key(end)
         if begin < end:
-            if self._adds:
-                for key in [k for k in self._adds if begin <= k < end]:
-                    del self._adds[key]
+            for key in self._pending_in(begin, end):
+                del self._adds[key]
             self._execute(_CLEAR_RANGE, (begin, end))
 
     def add(self, key: bytes, delta: int) -> None:
@@ -242,6 +240,10 @@ class _Tx(_ReadTx):
         if not self._open:
             raise KVError("transaction used after its function returned")
         self._adds[key] = self._adds.get(key, 0) + delta
+
+    def _pending_in(self, begin: bytes, end: bytes) -> list[bytes]:
+        """The keys with deltas not yet written, begin <= key < end."""
+        return [k for k in self._adds if begin <= k < end]
 
     def _apply(self, key: bytes) -> None:
         delta = self._adds.pop(key)

@@ -50,7 +50,7 @@ REPO = INTEGRATION.parent
 VENV_BIN = Path(sys.executable).parent
 
 sys.path.insert(0, str(REPO))
-from tests.support.brokerproc import listening  # noqa: E402
+from tests.support.brokerproc import listening, port_free  # noqa: E402
 
 RECORD_SIZE = 1024
 BATCH_SIZE = 262144  # producer batch.size in bytes (the Java default is 16 KiB)
@@ -474,15 +474,6 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytearray:
             raise EOFError("the broker closed the connection")
         got += n
     return buffer
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def stop_proc(proc: subprocess.Popen[bytes] | None) -> None:

@@ -32,7 +32,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from tests.support.brokerproc import (  # noqa: E402
     free_ports,
     listening,
     pid_alive,
+    port_free,
 )
 
 
@@ -108,18 +108,9 @@ def agent_ports(count: int) -> list[int]:
             break
         base = rng.randrange(20_000, low - count)
         ports = list(range(base, base + count))
-        if all(_bindable(port) for port in ports):
+        if all(port_free(port) for port in ports):
             return ports
     return free_ports(count)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:

@@ -52,12 +52,13 @@ def free_ports(count: int) -> list[int]:
     for _ in range(len(ports)):
         base = _next if _next + count <= ports.stop else ports.start
         _next = base + count
-        if all(_bindable(port) for port in range(base, base + count)):
+        if all(port_free(port) for port in range(base, base + count)):
             return list(range(base, base + count))
     raise RuntimeError(f"no {count} free ports in a row in {ports}")
 
 
-def _bindable(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a socket can bind 127.0.0.1:port now (nothing else holds it)."""
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))
