@@ -336,7 +336,10 @@ def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
     expected = produce_flushes(broker, {"two": 4}, flushes=48)
     broker.stop()
 
-    again = start_broker(agents=2, extra_args=COMPACT, data_dir=data_dir, port=broker.port)
+    # Claims that outlive every job (a claim that lapses mid-job lets the other agent take
+    # its inputs, and one of the two commits is dropped, as designed).
+    longer_claims = [*COMPACT, "--compaction-lease-ms", "60000"]
+    again = start_broker(agents=2, extra_args=longer_claims, data_dir=data_dir, port=broker.port)
 
     def total(name: str) -> int:
         return sum(again.stats(port).get("compaction", {}).get(name, 0) for port in again.ports)
