@@ -14,8 +14,9 @@ in the window. This starts one agent (the bench's Bucketlog, local store), warms
 records/s for 12 s, a tailing consumer; also the agent's flush histograms over the
 window, as bucket bounds holding the median and the p99) or `consume-1p` (the Java
 ConsumerPerformance reading 150,000 records; also the agent's own user and system CPU).
-`BENCH_BUCKETLOG` may name another agent command. Printed, and appended to --out as
-one JSON line. A measurement, not a test.
+`BENCH_BUCKETLOG` may name another agent command; `--system kafka` measures the same
+window on Apache Kafka (run.py's broker; its JVM's CPU as the agent's). Printed, and
+appended to --out as one JSON line. A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -38,13 +39,27 @@ def main() -> int:
     parser.add_argument("--workload", choices=("end-to-end", "consume-1p"), required=True)
     parser.add_argument("--after", choices=("none", "python", "produce-1000p"), default="none")
     parser.add_argument("--label", default="")
+    parser.add_argument(
+        "--system",
+        choices=("bucketlog", "kafka"),
+        default="bucketlog",
+        help="Kafka: the same window on Apache Kafka (no flush histograms, no agent arguments)",
+    )
     parser.add_argument("--out")
     parser.add_argument("agent_args", nargs="*")
     args = parser.parse_args()
+    kafka = args.system == "kafka"
+    if kafka and args.agent_args:
+        parser.error("agent arguments are bucketlog's")
     metrics_port = bench.free_port()
-    system = bench.Bucketlog(1, [*args.agent_args, "--metrics-port", str(metrics_port)])
+    system: bench.System = (
+        bench.Kafka()
+        if kafka
+        else bench.Bucketlog(1, [*args.agent_args, "--metrics-port", str(metrics_port)])
+    )
     system.start()
     result: dict[str, Any] = {
+        "system": args.system,
         "label": args.label,
         "workload": args.workload,
         "after": args.after,
@@ -63,7 +78,8 @@ def main() -> int:
         elif args.after == "produce-1000p":
             bench.create_topic(system.bootstrap, "wide", 1000)
             bench.producers_perf(system.bootstrap, "wide", 1, 150_000, "none")
-        before, ticks = backlog_latency.buckets(metrics_port), bench.cpu_ticks(system.root_pid)
+        before = {} if kafka else backlog_latency.buckets(metrics_port)
+        ticks = bench.cpu_ticks(system.root_pid)
         if args.workload == "end-to-end":
             bench.create_topic(system.bootstrap, "e2e", 1)
             mb = 1000 * 12 * bench.RECORD_SIZE / 1e6
@@ -77,7 +93,7 @@ def main() -> int:
                 system, mb, lambda: bench.consumer_perf(system.bootstrap, "read", 150_000)
             )
             keep = ("mb_s",)
-        after = backlog_latency.buckets(metrics_port)
+        after = {} if kafka else backlog_latency.buckets(metrics_port)
         ticks_after = bench.cpu_ticks(system.root_pid)
         assert ticks is not None and ticks_after is not None, "the agent is gone"
         result.update({k: round(r[k], 2) for k in keep})
@@ -95,11 +111,12 @@ def main() -> int:
         )
         result["agent_user_s"] = round((ticks_after[0] - ticks[0]) / bench.CLK_TCK, 2)
         result["agent_system_s"] = round((ticks_after[1] - ticks[1]) / bench.CLK_TCK, 2)
-        flushes = backlog_latency.quantiles(before, after)
-        for name in FLUSHES:
-            found = flushes.get(f"bucketlog_{name}_seconds")  # none: no flush in the window
-            for q in ("p50", "p99"):
-                result[f"{name}_{q}_bucket_s"] = found and found[f"{q}_le_ms"] / 1000
+        if not kafka:
+            flushes = backlog_latency.quantiles(before, after)
+            for name in FLUSHES:
+                found = flushes.get(f"bucketlog_{name}_seconds")  # none: no flush in the window
+                for q in ("p50", "p99"):
+                    result[f"{name}_{q}_bucket_s"] = found and found[f"{q}_le_ms"] / 1000
     finally:
         system.stop()
     result["at"] = time.strftime("%Y-%m-%d %H:%M:%S")
