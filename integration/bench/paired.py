@@ -106,6 +106,11 @@ def one_run(
     return out
 
 
+def ran_by(command: str | None) -> str:
+    """The agent command of a variant, where it is not this checkout's `bucketlog`."""
+    return f" run by `{command}`" if command else ""
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     label, _, args = text.partition("=")
     return label, args.split()
@@ -165,8 +170,9 @@ def main() -> int:
         f"# Paired: {variants[0][0]} vs {variants[1][0]}",
         "",
         f"{started:%Y-%m-%d %H:%M} UTC, {args.runs} interleaved runs each, one agent;"
-        f" a: `{' '.join(variants[0][1]) or '(defaults)'}`,"
-        f" b: `{' '.join(variants[1][1]) or '(defaults)'}`. Machine: {bench.machine()}",
+        f" a: `{' '.join(variants[0][1]) or '(defaults)'}`{ran_by(commands[0])},"
+        f" b: `{' '.join(variants[1][1]) or '(defaults)'}`{ran_by(commands[1])}."
+        f" Machine: {bench.machine()}",
         "",
         *table(results, workloads),
     ]

@@ -312,7 +312,10 @@ class Bucketlog(System):
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env} if self.env else None,
+            # PYTHONSAFEPATH: `python -m broker` does not put the working directory first
+            # on its path, so that a command naming another tree on PYTHONPATH runs that
+            # tree's code and not this checkout's (the bench runs from the checkout).
+            env={**os.environ, "PYTHONSAFEPATH": "1", **self.env},
         )
         self.root_pid = self.proc.pid
         for i in range(self.agents):
