@@ -346,13 +346,13 @@ def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
         agents=2, extra_args=[*COMPACT_L1, *lease], data_dir=data_dir, port=broker.port
     )
 
-    def total(agents: BrokerProcess, name: str) -> int:
-        return sum(agents.stats(port).get("compaction", {}).get(name, 0) for port in agents.ports)
+    def total(name: str) -> int:  # over the agents started last (`again` at the call)
+        return sum(again.stats(port).get("compaction", {}).get(name, 0) for port in again.ports)
 
     wait_for("ingest files deleted", lambda: again.object_keys("ingest/") == [], timeout=60)
     # Claims kept the agents apart: 12 level-1 jobs in all, none dropped.
-    assert (total(again, "l1_jobs"), total(again, "l1_dropped")) == (12, 0)
-    assert total(again, "l2_jobs") == 0
+    assert (total("l1_jobs"), total("l1_dropped")) == (12, 0)
+    assert total("l2_jobs") == 0
     assert objects_per_partition(again, "two", 4) == [12, 12, 12, 12]
     again.stop()
 
@@ -367,6 +367,6 @@ def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
     )
     assert _settled(again, "two", 4) == [3, 3, 3, 3]  # and no job moves them on
     # The four partitions share a job while they are due together: 3 jobs at least.
-    wait_for("3 level-2 jobs counted", lambda: total(again, "l2_jobs") >= 3, timeout=5)
-    assert (total(again, "l1_jobs"), total(again, "l2_dropped")) == (0, 0)
+    wait_for("3 level-2 jobs counted", lambda: total("l2_jobs") >= 3, timeout=5)
+    assert (total("l1_jobs"), total("l2_dropped")) == (0, 0)
     assert read_records(again, "two", 4, 48 * 3 * 4) == {p: expected["two", p] for p in range(4)}
