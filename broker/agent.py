@@ -673,9 +673,15 @@ async def _refuses(host: str, port: int) -> bool | None:
         return None  # unreachable, or another failure: no answer either way
     # Connecting to a port of the ephemeral range that nothing listens on may connect
     # the socket to itself (TCP simultaneous open): nobody is there.
-    local = stream.extra(anyio.abc.SocketAttribute.local_address)
-    remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
-    await stream.aclose()
+    try:
+        local = stream.extra(anyio.abc.SocketAttribute.local_address)
+        remote = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        # The peer accepted and was gone before its address was read (ENOTCONN): it
+        # listened a moment ago and does not now, no answer either way.
+        return None
+    finally:
+        await stream.aclose()
     return local == remote
 
 

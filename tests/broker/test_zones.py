@@ -4,6 +4,7 @@ leaders and coordinators within a zone, home zones, and the requests-by-zone cou
 from __future__ import annotations
 
 import socket
+import struct
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -519,3 +520,32 @@ def test_a_probe_without_an_answer_leaves_what_the_last_answer_said(agent, monke
     anyio.run(scenario)
     # refused: out; timed out twice: still out; accepted: back; timed out: still back
     assert seen == [False, False, False, True, True]
+
+
+def test_a_peer_gone_between_accept_and_its_address_is_no_answer(monkeypatch) -> None:
+    """A peer killed just after it accepted the probe: the socket is reset before the
+    probe reads its addresses (ENOTCONN). That is no answer either way, not a failure of
+    the request that asked (a FindCoordinator that failed so under agent kills)."""
+    import broker.agent as agent_module
+
+    connect = anyio.connect_tcp
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        async def connect_then_reset(host: str, port: int) -> Any:
+            stream = await connect(host, port)
+            accepted, _ = server.accept()  # in the backlog already
+            accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            accepted.close()  # a reset, as from a process killed
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            for _ in range(200):
+                try:
+                    raw.getpeername()
+                except OSError:
+                    return stream
+                await anyio.sleep(0.01)
+            pytest.fail("the reset did not arrive in 2 s")
+
+        monkeypatch.setattr(anyio, "connect_tcp", connect_then_reset)
+        assert anyio.run(agent_module._refuses, *server.getsockname()) is None
