@@ -613,6 +613,9 @@ class Transformer(TransactionalClient):
         self.group = group
         self.consumer_errors: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
+        self.received = 0  # input records consumed, again after a rewind too
+        self.assignments = 0  # rebalances that gave this instance partitions
+        self.assigned: list[int] = []  # its partitions now
 
     def replacement(self, name: str) -> Transformer:
         return Transformer(name, self.tid, self.group, self.settings, self.tally, self.hints)
@@ -633,7 +636,7 @@ class Transformer(TransactionalClient):
                 "client.id": f"chaos-{self.tid}-consumer",
             }
         )
-        consumer.subscribe([self.settings.topic])
+        consumer.subscribe([self.settings.topic], on_assign=self._assigned, on_revoke=self._revoked)
         producer = self.init(self.tid, self.settings.transaction_timeout_ms)
         while not self.stopping.is_set():  # given up for hung: Abandoned, clients left be
             messages = []
@@ -643,11 +646,19 @@ class Transformer(TransactionalClient):
                     messages.append(message)
                 else:
                     self.consumer_errors[error.name()] += 1
+            self.received += len(messages)
             if messages:
                 producer = self.transform(consumer, producer, messages)
         self.retire(producer)
         with self.calling("consumer close"):
             consumer.close()
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignments += 1
+        self.assigned = sorted(tp.partition for tp in partitions)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned = []
 
     def transform(self, consumer: Consumer, producer: Producer, messages: list[Any]) -> Producer:
         txn, self.next_txn = self.next_txn, self.next_txn + 1
@@ -732,6 +743,9 @@ class Transformer(TransactionalClient):
             "outcomes": dict(self.outcomes),
             "delivery_failures": dict(self.delivery_failures),
             "consumer_errors": dict(self.consumer_errors),
+            "received": self.received,
+            "assignments": self.assignments,
+            "assigned": self.assigned,
             "hung_in": self.hung_in,
             "failure": self.failure,
         }
@@ -989,9 +1003,9 @@ def catch_up(
     topic: str,
     target: dict[int, int],
     args: argparse.Namespace,
-) -> float | None:
-    """Seconds until the group committed past `target` (every input record); None if it
-    did not within `--read-timeout-s`. A transformer in a call that already outlasted its
+) -> tuple[float | None, dict[int, int]]:
+    """Seconds until the group committed past `target` (every input record), None if it
+    did not within `--read-timeout-s`; and the group's committed offsets last read. A transformer in a call that already outlasted its
     own timeout is waited for until it counts as hung, and its replacement gets the
     whole `--read-timeout-s` again."""
     began = time.monotonic()
@@ -1002,13 +1016,25 @@ def catch_up(
             deadline = time.monotonic() + args.read_timeout_s
         offsets = committed_offsets(bootstrap, group, topic, len(target))
         if all(offsets.get(p, 0) >= offset for p, offset in target.items()):
-            return time.monotonic() - began
+            return time.monotonic() - began, offsets
         suspect = transformers.suspect_until()
         if suspect is not None:
             deadline = max(deadline, suspect + 1)
         if time.monotonic() >= min(deadline, cap):
-            return None
+            return None, offsets
         time.sleep(0.5)
+
+
+def group_state(bootstrap: str, group: str) -> str:
+    """The group's state and members as its coordinator describes them, or why not."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **quiet()})
+    try:
+        described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+    except KafkaException as exc:
+        return f"not described ({exc.args[0].name()})"
+    members = {m.member_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
+               for m in described.members}  # fmt: skip
+    return f"{described.state.name} with members {members}"
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
@@ -1252,9 +1278,12 @@ def run(args: argparse.Namespace, agents: harness.Agents) -> dict[str, Any]:
         target[read.partition] = max(target[read.partition], read.offset + 1)
     catch_up_s = None
     if args.transformers:
-        catch_up_s = catch_up(transformers, agents.bootstrap, group, topic, target, args)
+        catch_up_s, reached = catch_up(transformers, agents.bootstrap, group, topic, target, args)
         if catch_up_s is None:
-            problems.append(f"the transformers did not catch up in {args.read_timeout_s:g} s")
+            problems.append(
+                f"the transformers did not catch up in {args.read_timeout_s:g} s: the group "
+                f"committed {reached} of {target}, is {group_state(agents.bootstrap, group)}"
+            )
     problems += transformers.stop("transformer")
     # A hang librdkafka is known for (#5511, #5456) is reported; any other is a problem.
     problems += [

@@ -159,9 +159,10 @@ def test_the_catch_up_waits_for_a_call_past_its_timeout_to_count_as_hung(monkeyp
     pool.start()
     try:
         args = argparse.Namespace(read_timeout_s=0.5)
-        took = transactions.catch_up(pool, "b", "g", "topic", {0: 5}, args)
+        took, reached = transactions.catch_up(pool, "b", "g", "topic", {0: 5}, args)
         # Without waiting for the suspect call, the catch-up gives up after 0.5 s.
         assert took is not None and took >= 1.0
+        assert reached == {0: 5}
         assert pool.hangs() == ["t0 in send_offsets_to_transaction"]
     finally:
         release.set()
