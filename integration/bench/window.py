@@ -1,8 +1,9 @@
 """One workload's window on one fresh agent, after some history: what the main table's
 per-workload figures see of earlier workloads.
 
-    .venv/bin/python integration/bench/window.py --workload end-to-end|consume-1p
-        [--after none|python|produce-1000p] [--label L] [--out FILE.jsonl] [-- AGENT ARGS]
+    .venv/bin/python integration/bench/window.py --workload end-to-end|consume-1p|python
+        [--after none|python|produce-1000p] [--settle-s S] [--label L] [--out FILE.jsonl]
+        [-- AGENT ARGS]
 
 run.py measures each workload in a window of the same agent that ran the workloads
 before it: compaction may be merging their data meanwhile, and its CPU and disk count
@@ -13,7 +14,11 @@ in the window. This starts one agent (the bench's Bucketlog, local store), warms
 1,000 partitions), then measures one workload as run.py does: `end-to-end` (1,000
 records/s for 12 s, a tailing consumer; also the agent's flush histograms over the
 window, as bucket bounds holding the median and the p99) or `consume-1p` (the Java
-ConsumerPerformance reading 150,000 records; also the agent's own user and system CPU).
+ConsumerPerformance reading 150,000 records; also the agent's own user and system CPU)
+or `python` (run.py's confluent-kafka workload: 500,000 records produced and then
+consumed, the broker's CPU per GB of both). `--settle-s` waits that long after the
+history, before the window (for compaction to merge what consume-1p reads, with agent
+arguments that let it run soon).
 `BENCH_BUCKETLOG` may name another agent command; `--system kafka` measures the same
 window on Apache Kafka (run.py's broker; its JVM's CPU as the agent's). Printed, and
 appended to --out as one JSON line. A measurement, not a test.
@@ -36,8 +41,11 @@ FLUSHES = ("flush_upload", "metadata_commit", "flush_end_to_end")
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=("end-to-end", "consume-1p"), required=True)
+    parser.add_argument("--workload", choices=("end-to-end", "consume-1p", "python"), required=True)
     parser.add_argument("--after", choices=("none", "python", "produce-1000p"), default="none")
+    parser.add_argument(
+        "--settle-s", type=float, default=0.0, help="a pause between the history and the window"
+    )
     parser.add_argument("--label", default="")
     parser.add_argument(
         "--system",
@@ -63,6 +71,7 @@ def main() -> int:
         "label": args.label,
         "workload": args.workload,
         "after": args.after,
+        "settle_s": args.settle_s,
         "agent_args": args.agent_args,
     }
     try:
@@ -78,6 +87,7 @@ def main() -> int:
         elif args.after == "produce-1000p":
             bench.create_topic(system.bootstrap, "wide", 1000)
             bench.producers_perf(system.bootstrap, "wide", 1, 150_000, "none")
+        time.sleep(args.settle_s)
         before = {} if kafka else backlog_latency.buckets(metrics_port)
         ticks = bench.cpu_ticks(system.root_pid)
         if args.workload == "end-to-end":
@@ -87,6 +97,13 @@ def main() -> int:
                 system, mb, lambda: bench.end_to_end(system.bootstrap, "e2e", 1000, 12)
             )
             keep = ("e2e_p50_ms", "e2e_p99_ms", "produce_p50_ms", "produce_p99_ms")
+        elif args.workload == "python":
+            bench.create_topic(system.bootstrap, "python", 1)
+            mb = 2 * 500_000 * bench.RECORD_SIZE / 1e6  # produced and consumed, as run.py
+            r = bench.measure(
+                system, mb, lambda: bench.python_workload(system.bootstrap, "python", 500_000)
+            )
+            keep = ("produce_mb_s", "consume_mb_s")
         else:
             mb = 150_000 * bench.RECORD_SIZE / 1e6
             r = bench.measure(
