@@ -1005,9 +1005,9 @@ def catch_up(
     args: argparse.Namespace,
 ) -> tuple[float | None, dict[int, int]]:
     """Seconds until the group committed past `target` (every input record), None if it
-    did not within `--read-timeout-s`; and the group's committed offsets last read. A transformer in a call that already outlasted its
-    own timeout is waited for until it counts as hung, and its replacement gets the
-    whole `--read-timeout-s` again."""
+    did not within `--read-timeout-s`; and the group's committed offsets last read. A
+    transformer in a call that already outlasted its own timeout is waited for until it
+    counts as hung, and its replacement gets the whole `--read-timeout-s` again."""
     began = time.monotonic()
     deadline = began + args.read_timeout_s
     cap = began + 3 * args.read_timeout_s + HUNG_CALL_S
