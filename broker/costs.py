@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from storage.objectstore import DELETE_BATCH_MAX
+
 if TYPE_CHECKING:
     from storage.objectstore import ObjectInfo, ObjectStore, RangeStream
 
@@ -162,6 +164,11 @@ class AccountingStore:
     async def delete(self, key: str) -> None:
         self._record("DELETE")
         await self.inner.delete(key)
+
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
+        for _ in range(0, len(keys), DELETE_BATCH_MAX):  # S3: one DeleteObjects each
+            self._record("DELETE")
+        return await self.inner.delete_many(keys)
 
     async def list(self, prefix: str = "", *, start_after: str = "") -> builtins.list[ObjectInfo]:
         self._record("LIST")

@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 # The prefixes of the objects bucketlog writes: ingest files (storage.ingest.new_object_key)
 # and compaction outputs.
 OBJECT_PREFIXES = (INGEST_PREFIX, OUTPUT_PREFIX)
-DELETES_AT_ONCE = 16
 SWEEP_BATCH = 500
 
 
@@ -232,24 +231,26 @@ class Lifecycle:
         return deleted
 
     async def _delete_objects(self, object_keys: list[str]) -> set[str]:
-        """Delete the objects from the store, a few at once; the keys that are gone."""
-        gone: set[str] = set()
-        limiter = anyio.Semaphore(DELETES_AT_ONCE)
-
-        async def delete(key: str) -> None:
-            async with limiter:
-                try:
-                    await self._agent.store.delete(key)
-                except Exception as exc:
-                    self.stats["delete_errors"] += 1
-                    logger.warning("deleting object %s failed: %s", key, exc)
-                    return
+        """Delete the objects from the store in one delete_many (one DeleteObjects on S3;
+        in a local folder, one hole punched for each run of adjacent packed objects); the
+        keys that are gone."""
+        try:
+            failed = await self._agent.store.delete_many(object_keys)
+        except Exception as exc:
+            failed = dict.fromkeys(object_keys, exc)
+        if failed:
+            self.stats["delete_errors"] += len(failed)
+            first, why = next(iter(failed.items()))
+            logger.warning(
+                "deleting %d of %d objects failed (%s: %s)",
+                len(failed),
+                len(object_keys),
+                first,
+                why,
+            )
+        gone = {key for key in object_keys if key not in failed}
+        for key in gone:
             self._forget_cached(key)
-            gone.add(key)
-
-        async with anyio.create_task_group() as tg:
-            for key in object_keys:
-                tg.start_soon(delete, key)
         return gone
 
     # -- orphans ------------------------------------------------------------------------

@@ -148,6 +148,9 @@ class InjectedLatencyStore:
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
 
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
+        return await self.inner.delete_many(keys)
+
     # builtins.list: in this class body, `list` is the method.
     async def list(self, prefix: str = "", *, start_after: str = "") -> builtins.list[ObjectInfo]:
         return await self.inner.list(prefix, start_after=start_after)

@@ -310,6 +310,22 @@ class LocalObjectStore:
             return
         await self._run(partial(_delete_file, self._path(key)))
 
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
+        """Packed objects a segment at a time (SegmentFolder.delete_many), files one by
+        one; all in one worker thread."""
+        self.stats["deletes"] += len(keys)
+        return await self._run(partial(self._delete_many_sync, builtins.list(keys)))
+
+    def _delete_many_sync(self, keys: builtins.list[str]) -> dict[str, Exception]:
+        failed = self.segments.delete_many([key for key in keys if is_packed_key(key)])
+        for key in keys:
+            if not is_packed_key(key):
+                try:
+                    _delete_file(self._path(key))
+                except Exception as exc:  # this key only: the next call tries it again
+                    failed[key] = exc
+        return failed
+
     async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         self.stats["lists"] += 1
         found = await self._run(partial(self._list_sync, prefix))

@@ -53,6 +53,9 @@ def new_stats() -> dict[str, int]:
     return dict.fromkeys(STAT_NAMES, 0)
 
 
+DELETE_BATCH_MAX = 1000  # keys one delete_many request takes at most (S3's DeleteObjects)
+
+
 class ObjectStore(Protocol):
     def new_key(self, prefix: str, size: int) -> str:
         """A fresh key under prefix for an object of `size` bytes that is to be put once
@@ -106,6 +109,11 @@ class ObjectStore(Protocol):
 
     async def delete(self, key: str) -> None:
         """Remove key; deleting a missing key is not an error."""
+        ...
+
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
+        """delete() of each key, in as few requests as the store allows; the keys that
+        could not be deleted, with why (the others are gone)."""
         ...
 
     async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:

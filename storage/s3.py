@@ -65,6 +65,7 @@ from botocore.retries import quota, standard
 
 from storage.ingest import new_object_key
 from storage.objectstore import (
+    DELETE_BATCH_MAX,
     ObjectExistsError,
     ObjectInfo,
     ObjectNotFoundError,
@@ -219,6 +220,19 @@ class S3ObjectStore:
         self.stats["deletes"] += 1
         await self._run(partial(self._delete, key))
 
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
+        """DeleteObjects, up to S3's 1,000 keys a request."""
+        failed: dict[str, Exception] = {}
+        keys = list(dict.fromkeys(keys))  # each once: a request names a key at most once
+        for at in range(0, len(keys), DELETE_BATCH_MAX):
+            chunk = keys[at : at + DELETE_BATCH_MAX]
+            self.stats["deletes"] += 1
+            try:
+                failed.update(await self._run(partial(self._delete_objects, chunk)))
+            except ObjectStoreError as exc:  # the request failed: every key of it did
+                failed.update((key, exc) for key in chunk)
+        return failed
+
     async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         self.stats["lists"] += 1
         return await self._run(partial(self._list, prefix, start_after))
@@ -329,6 +343,20 @@ class S3ObjectStore:
         except ClientError as exc:
             if _error_code(exc) not in _NOT_FOUND_CODES:
                 raise
+
+    def _delete_objects(self, keys: Sequence[str]) -> dict[str, Exception]:
+        response = self._client.delete_objects(
+            Bucket=self.bucket,
+            Delete={"Objects": [{"Key": self.prefix + key} for key in keys], "Quiet": True},
+        )
+        failed: dict[str, Exception] = {}
+        for error in response.get("Errors", []):
+            if error.get("Code") not in _NOT_FOUND_CODES:
+                key = str(error.get("Key", ""))[len(self.prefix) :]
+                failed[key] = ObjectStoreError(
+                    f"delete {key!r}: {error.get('Code')}: {error.get('Message', '')}"
+                )
+        return failed
 
     # builtins.list: in this class body, `list` is the method above.
     def _list(self, prefix: str, start_after: str = "") -> builtins.list[ObjectInfo]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -33,12 +34,16 @@ class FailingStore(LocalObjectStore):
         self.failing_lists = 0
         self.deleted: list[str] = []
 
-    async def delete(self, key: str) -> None:
-        if key in self.failing_deletes:
-            self.failing_deletes.discard(key)
-            raise OSError(f"injected: delete {key} failed")
-        await super().delete(key)
-        self.deleted.append(key)
+    async def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
+        failing = [key for key in keys if key in self.failing_deletes]
+        self.failing_deletes.difference_update(failing)
+        failed: dict[str, Exception] = {
+            key: OSError(f"injected: delete {key} failed") for key in failing
+        }
+        rest = [key for key in keys if key not in failed]
+        failed.update(await super().delete_many(rest))
+        self.deleted.extend(key for key in rest if key not in failed)
+        return failed
 
     async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         if self.failing_lists:

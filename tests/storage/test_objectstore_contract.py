@@ -109,6 +109,19 @@ async def test_delete_is_idempotent(store: ObjectStore) -> None:
     assert await store.get("gone/soon") == b"back"
 
 
+async def test_delete_many_deletes_each_key_and_takes_missing_ones(store: ObjectStore) -> None:
+    for i in range(5):
+        await store.put(f"many/{i}", b"x" * i)
+    failed = await store.delete_many(["many/0", "many/2", "many/4", "never/was", "many/2"])
+    assert failed == {}
+    assert [info.key for info in await store.list("many/")] == ["many/1", "many/3"]
+    with pytest.raises(ObjectNotFoundError):
+        await store.get("many/2")
+    assert await store.delete_many([]) == {}
+    assert await store.delete_many(["many/1", "many/3"]) == {}
+    assert await store.list("many/") == []
+
+
 async def test_get_missing(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFoundError):
         await store.get("no/such/key")

@@ -162,6 +162,57 @@ def test_deletes_free_the_blocks_and_the_last_one_the_segment(tmp_path: Path) ->
     assert segment_files(tmp_path) == [], "no record left, nobody holding it"
 
 
+def test_delete_many_punches_each_run_of_adjacent_records_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    data = [os.urandom(8 * PAGE) for _ in range(6)]
+    keys = [put_packed(store, d) for d in data]
+    (segment,) = segment_files(tmp_path)
+    full = segment.stat().st_blocks
+    punched: list[tuple[int, int]] = []
+    punch = segments._punch
+
+    def counted(fd: int, start: int, length: int) -> bool:
+        punched.append((start, length))
+        return punch(fd, start, length)
+
+    monkeypatch.setattr(segments, "_punch", counted)
+    stream = store.open_range_stream(keys[3], 0)  # held: not deleted, splits the runs
+    try:
+        failed = store.segments.delete_many([keys[4], keys[0], keys[1], keys[3], keys[2]])
+        assert failed == {}
+        assert len(punched) == 2, "records 0-2 in one punch, 4 in another, 3 held"
+        assert punched[0][1] == 3 * punched[1][1]
+        assert segment.stat().st_blocks <= full - 4 * 8 * PAGE // 512
+        assert stream.read(10**6) == data[3]
+    finally:
+        stream.close()
+    for key in (*keys[:3], keys[4]):
+        with pytest.raises(ObjectNotFoundError):
+            store.get_sync(key)
+    for i in (3, 5):
+        assert store.get_sync(keys[i]) == data[i]
+    assert store.segments.delete_many(keys[:3]) == {}, "deleted already: nothing to do"
+    assert len(punched) == 2
+    anyio.run(store.aclose)  # the writer lets go of its segment
+    assert store.segments.delete_many([keys[3], keys[5]]) == {}
+    assert segment_files(tmp_path) == [], "no record left, nobody holding it"
+
+
+def test_delete_many_without_holes_makes_each_record_unfound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalObjectStore(str(tmp_path), segments=True)
+    keys = [put_packed(store, os.urandom(2 * PAGE)) for _ in range(3)]
+    monkeypatch.setattr(segments, "_punch", lambda fd, start, length: False)  # no support
+    assert store.segments.delete_many(keys[:2]) == {}
+    assert [i.key for i in listed(store)] == [keys[2]]
+    for key in keys[:2]:
+        with pytest.raises(ObjectNotFoundError):
+            store.get_sync(key)
+
+
 def test_a_range_stream_keeps_its_record_from_a_delete(tmp_path: Path) -> None:
     store = LocalObjectStore(str(tmp_path), segments=True)
     data = os.urandom(5 * PAGE)
