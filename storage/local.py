@@ -317,13 +317,16 @@ class LocalObjectStore:
         return await self._run(partial(self._delete_many_sync, builtins.list(keys)))
 
     def _delete_many_sync(self, keys: builtins.list[str]) -> dict[str, Exception]:
-        failed = self.segments.delete_many([key for key in keys if is_packed_key(key)])
-        for key in keys:
-            if not is_packed_key(key):
-                try:
-                    _delete_file(self._path(key))
-                except Exception as exc:  # this key only: the next call tries it again
-                    failed[key] = exc
+        packed: builtins.list[str] = []
+        files: builtins.list[str] = []
+        for key in dict.fromkeys(keys):
+            (packed if is_packed_key(key) else files).append(key)
+        failed = self.segments.delete_many(packed)
+        for key in files:
+            try:
+                _delete_file(self._path(key))
+            except Exception as exc:  # this key only: the next call tries it again
+                failed[key] = exc
         return failed
 
     async def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:

@@ -269,23 +269,8 @@ class SegmentFolder:
         return PackedRangeStream(fd, key, offset + PAGE, start, max(start, stop), stats)
 
     def delete(self, key: str) -> None:
-        try:
-            fd, offset, nonce = self._open(key, os.O_RDWR)
-        except ObjectNotFoundError:
-            return
-        try:
-            found = _decode_head(nonce, os.pread(fd, HEAD_READ, offset))
-            if found is None or found[0] != key:
-                return  # deleted already
-            if not _ofd_lock(fd, fcntl.F_WRLCK, offset, PAGE):
-                return  # a range stream reads it: left for the orphan sweep
-            if not _punch(fd, offset, _record_span(found[1])):
-                os.pwrite(fd, bytes(PAGE), offset)  # unfound now; its space goes with the file
-            emptied = os.fstat(fd).st_blocks * 512 <= NEARLY_EMPTY
-        finally:
-            os.close(fd)  # releases the lock
-        if emptied:
-            self.remove_if_empty(_place(key)[0])
+        segment, offset = _place(key)
+        self._delete_in(segment, [(offset, key)])
 
     def delete_many(self, keys: Sequence[str]) -> dict[str, Exception]:
         """delete() of each key, one segment at a time: each segment opened once, and one
