@@ -52,6 +52,7 @@ from broker import faults
 from broker.context import JobAgent
 from broker.topic_configs import cleanup_policies
 from metadata import compaction as compaction_layer
+from metadata import keys
 from metadata import topics as topics_layer
 from metadata.compaction import Limits, Plan
 from metadata.log import ChunkEntry
@@ -218,6 +219,19 @@ def build_output(
         bytes_cached,
         time.thread_time() - started,
     )
+
+
+def _prepare_commit(
+    sub: keys.Subspace,
+    plan: Plan,
+    output_key: str,
+    size: int,
+    chunk_starts: list[int],
+    entry_bytes: int,
+) -> compaction_layer.PreparedCommit:
+    """The output's entries and its commit, worked out before the transaction."""
+    outputs = compaction_layer.output_entries(plan, output_key, chunk_starts, entry_bytes)
+    return compaction_layer.prepare_commit(sub, plan, output_key, size, outputs)
 
 
 class Compaction:
@@ -405,18 +419,25 @@ class Compaction:
             await self._release(plan)
             self._count_dropped(plan)
             return False
-        outputs = compaction_layer.output_entries(
-            plan, output_key, built.chunk_starts, s.entry_bytes
+        # The commit's keys and values, worked out in a thread: not on the event loop,
+        # and not inside the transaction (SQLite's writer lock held meanwhile).
+        prepared = await anyio.to_thread.run_sync(
+            partial(
+                _prepare_commit,
+                agent.sub,
+                plan,
+                output_key,
+                built.size,
+                built.chunk_starts,
+                s.entry_bytes,
+            )
         )
         result = await agent.kv.transact(
             partial(
-                compaction_layer.commit_job,
+                compaction_layer.commit_prepared,
                 sub=agent.sub,
-                plan=plan,
+                prepared=prepared,
                 node_id=agent.node_id,
-                object_key=output_key,
-                object_size=built.size,
-                outputs=outputs,
                 now_ms=_now_ms(),
                 delete_delay_ms=s.delete_delay_ms,
             )
@@ -431,7 +452,7 @@ class Compaction:
         else:
             self.stats.l2_jobs += 1
         self.stats.entries_replaced += len(plan.entries)
-        self.stats.entries_written += len(outputs)
+        self.stats.entries_written += len(prepared.outputs)
         return True
 
     def close(self) -> None:

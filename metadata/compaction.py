@@ -28,7 +28,9 @@ Rules:
   its commit clears and writes, so that it fits FoundationDB's limits: < 10 MB, < 5 s).
   Every input object gives a level-2 job one entry at least, so `max_entries` bounds its
   objects too, whatever `l2_max_inputs` is.
-- `commit_job` is the one transaction that makes a job's output part of the logs. Only
+- `commit_prepared` is the one transaction that makes a job's output part of the logs
+  (`prepare_commit` works out before it what it compares and writes, so that SQLite's
+  writer lock is held for the reads and writes alone; `commit_job` does both). Only
   if the topics still exist and every input entry is still exactly what the plan read
   does it replace them with the output's entries, write the output's OBJECT record and
   reverse index, and unreference each input by the entries it lost (so that an input
@@ -54,12 +56,11 @@ from metadata.kv import ReadTransaction, Transaction
 from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference
 from metadata.log import (
     ChunkEntry,
-    clear_chunk_range,
     clear_reverse_index,
+    entry_rows,
     entry_value,
     iter_entries,
-    object_entries,
-    put_entry,
+    stored_object_entries,
 )
 
 L1 = 1
@@ -84,6 +85,9 @@ class JobEntry:
     topic_id: bytes
     partition: int
     entry: ChunkEntry
+    # The entry's CHUNK value as the plan read it, where it read that (empty: a commit
+    # packs it from `entry`, which gives the same bytes).
+    value: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +112,7 @@ class Plan:
 
     def partitions(self) -> list[tuple[bytes, int, list[ChunkEntry]]]:
         """(topic id, partition, its entries in offset order), in (topic, partition) order."""
-        out: list[tuple[bytes, int, list[ChunkEntry]]] = []
-        for e in self.entries:
-            if not out or (out[-1][0], out[-1][1]) != (e.topic_id, e.partition):
-                out.append((e.topic_id, e.partition, []))
-            out[-1][2].append(e.entry)
-        return out
+        return [(t, p, [e.entry for e in group]) for t, p, group in _grouped(self.entries)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +196,10 @@ def select_l1(
             continue
         _tag, created, object_key = sub.unpack(row_key)
         created, object_key = int(created), str(object_key)
-        found = tuple(JobEntry(t, p, e) for t, p, e in object_entries(tr, sub, object_key))
+        found = tuple(
+            JobEntry(t, p, e, value)
+            for t, p, e, value in stored_object_entries(tr, sub, object_key)
+        )
         size = sum(e.entry.length for e in found)
         if not found or size > limits.max_bytes or len(found) > limits.max_entries:
             dropped.append((created, object_key))  # nothing left, or never fits a job
@@ -627,17 +629,28 @@ def _runs(entries: list[ChunkEntry], entry_bytes: int) -> list[list[ChunkEntry]]
     return groups
 
 
+def _grouped(entries: Sequence[JobEntry]) -> list[tuple[bytes, int, list[JobEntry]]]:
+    """Job entries in (topic, partition) order, grouped by partition."""
+    out: list[tuple[bytes, int, list[JobEntry]]] = []
+    for e in entries:
+        if not out or (out[-1][0], out[-1][1]) != (e.topic_id, e.partition):
+            out.append((e.topic_id, e.partition, []))
+        out[-1][2].append(e)
+    return out
+
+
 def _check_output(plan: Plan, outputs: Sequence[JobEntry]) -> None:
     """The output must hold exactly the inputs' offsets and bytes, partition by partition."""
 
-    def summary(entries: Sequence[JobEntry]) -> Counter[tuple[bytes, int, str]]:
-        counts: Counter[tuple[bytes, int, str]] = Counter()
-        for e in entries:
-            counts[(e.topic_id, e.partition, "bytes")] += e.entry.length
-            counts[(e.topic_id, e.partition, "offsets")] += (
-                e.entry.last_offset - e.entry.base_offset + 1
+    def summary(entries: Sequence[JobEntry]) -> dict[tuple[bytes, int], tuple[int, int, int]]:
+        counts: dict[tuple[bytes, int], tuple[int, int, int]] = {}
+        for topic_id, partition, group in _grouped(entries):
+            old = counts.get((topic_id, partition), (0, 0, 0))
+            counts[(topic_id, partition)] = (
+                old[0] + sum(e.entry.length for e in group),
+                old[1] + sum(e.entry.last_offset - e.entry.base_offset + 1 for e in group),
+                old[2] + sum(e.entry.batch_count for e in group),
             )
-            counts[(e.topic_id, e.partition, "batches")] += e.entry.batch_count
         return counts
 
     if summary(plan.entries) != summary(outputs):
@@ -647,30 +660,90 @@ def _check_output(plan: Plan, outputs: Sequence[JobEntry]) -> None:
 # -- commit -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _PartitionCheck:
+    """What a commit compares and clears of one partition's input entries, as stored."""
+
+    topic_id: bytes
+    partition: int
+    begin: bytes  # the CHUNK key of its first input entry
+    end: bytes  # just past the CHUNK key of its last
+    expected: dict[bytes, bytes]  # each input entry's CHUNK key and value
+    entries: list[ChunkEntry]
+    reverse: list[bytes]  # their keys in the reverse index (of a level-2 job only)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCommit:
+    """A job's commit with everything that does not read the store worked out: the
+    output checked against the plan, the keys and values the commit compares and
+    writes. Built outside the transaction (`prepare_commit`), so that a store with one
+    writer at a time (SQLite) holds its lock only for the reads and writes themselves."""
+
+    plan: Plan
+    object_key: str
+    object_size: int
+    outputs: tuple[JobEntry, ...]
+    checks: tuple[_PartitionCheck, ...]
+    rows: tuple[tuple[bytes, bytes], ...]  # the outputs' CHUNK and OBJECT_CHUNK keys, values
+    unreferenced: tuple[tuple[str, int], ...]  # each input object, and the entries it loses
+
+
+def prepare_commit(
+    sub: keys.Subspace, plan: Plan, object_key: str, object_size: int, outputs: Sequence[JobEntry]
+) -> PreparedCommit:
+    """Check that the outputs hold the inputs (ValueError if not) and work out the
+    commit's keys and values; reads nothing, so it runs before the transaction."""
+    _check_output(plan, outputs)
+    checks = []
+    for topic_id, partition, entries in _grouped(plan.entries):
+        prefix = sub.key(keys.CHUNK, topic_id, partition)
+        expected = {
+            prefix + keys.pack_tail(e.entry.last_offset): e.value or entry_value(e.entry)
+            for e in entries
+        }
+        begin = prefix + keys.pack_tail(entries[0].entry.last_offset)
+        end = prefix + keys.pack_tail(entries[-1].entry.last_offset) + b"\x00"
+        chunks = [e.entry for e in entries]
+        reverse = (
+            []
+            if plan.level == L1  # it clears its inputs' reverse index whole
+            else [
+                sub.key(keys.OBJECT_CHUNK, e.object_key, topic_id, partition, e.last_offset)
+                for e in chunks
+            ]
+        )
+        checks.append(_PartitionCheck(topic_id, partition, begin, end, expected, chunks, reverse))
+    rows = tuple(row for e in outputs for row in entry_rows(sub, e.topic_id, e.partition, e.entry))
+    unreferenced = tuple(Counter(e.entry.object_key for e in plan.entries).items())
+    return PreparedCommit(
+        plan, object_key, object_size, tuple(outputs), tuple(checks), rows, unreferenced
+    )
+
+
 def _changed(
-    tr: ReadTransaction, sub: keys.Subspace, plan: Plan
+    tr: ReadTransaction, sub: keys.Subspace, prepared: PreparedCommit
 ) -> tuple[str | None, set[tuple[bytes, int]]]:
     """Why the plan no longer holds (None: every input entry is as it read it), and the
     partitions whose input entries are all the entries between their first and last."""
     topics: dict[bytes, bool] = {}
     alone: set[tuple[bytes, int]] = set()
-    for topic_id, partition, entries in plan.partitions():
-        if not _topic_exists(tr, sub, topics, topic_id):
-            return f"topic {topic_id.hex()} was deleted", alone
+    for check in prepared.checks:
+        if not _topic_exists(tr, sub, topics, check.topic_id):
+            return f"topic {check.topic_id.hex()} was deleted", alone
         # Compared as stored, without decoding (thousands of entries, a commit's time).
-        prefix = sub.key(keys.CHUNK, topic_id, partition)
-        begin = prefix + keys.pack_tail(entries[0].last_offset)
-        end = prefix + keys.pack_tail(entries[-1].last_offset) + b"\x00"
-        found = dict(tr.get_range(begin, end))
-        for entry in entries:
-            if found.get(prefix + keys.pack_tail(entry.last_offset)) != entry_value(entry):
+        found = dict(tr.get_range(check.begin, check.end))
+        if len(found) == len(check.expected):
+            if found == check.expected:
+                alone.add((check.topic_id, check.partition))
+                continue
+        for (key, value), entry in zip(check.expected.items(), check.entries, strict=True):
+            if found.get(key) != value:
                 reason = (
                     f"the entry of offsets {entry.base_offset}-{entry.last_offset} of "
-                    f"partition {partition} changed"
+                    f"partition {check.partition} changed"
                 )
                 return reason, alone
-        if len(found) == len(entries):
-            alone.add((topic_id, partition))
     return None, alone
 
 
@@ -713,55 +786,66 @@ def commit_job(
     now_ms: int,
     delete_delay_ms: int,
 ) -> JobResult:
-    """Re-point the plan's entries to the uploaded output, if none of them changed."""
-    reason, alone = _changed(tr, sub, plan)
+    """Re-point the plan's entries to the uploaded output, if none of them changed
+    (`prepare_commit` then `commit_prepared`, in the transaction)."""
+    prepared = prepare_commit(sub, plan, object_key, object_size, outputs)
+    return commit_prepared(tr, sub, prepared, node_id, now_ms, delete_delay_ms)
+
+
+def commit_prepared(
+    tr: Transaction,
+    sub: keys.Subspace,
+    prepared: PreparedCommit,
+    node_id: int,
+    now_ms: int,
+    delete_delay_ms: int,
+) -> JobResult:
+    """Re-point the prepared commit's entries to its output, if none of them changed."""
+    plan, object_key, object_size = prepared.plan, prepared.object_key, prepared.object_size
+    reason, alone = _changed(tr, sub, prepared)
     if reason is not None:
         discard_output(tr, sub, object_key, object_size, plan.level, now_ms)
         release(tr, sub, plan, node_id)
         return JobResult(False, reason)
-    _check_output(plan, outputs)
-    _clear_inputs(tr, sub, plan, alone)
-    for e in outputs:
-        put_entry(tr, sub, e.topic_id, e.partition, e.entry)
-    for input_key, count in Counter(e.entry.object_key for e in plan.entries).items():
+    _clear_inputs(tr, sub, prepared, alone)
+    for key, value in prepared.rows:
+        tr.set(key, value)
+    for input_key, count in prepared.unreferenced:
         unreference(tr, sub, input_key, count, now_ms, delete_delay_ms)
     put_object(
-        tr, sub, object_key, ObjectRecord(object_size, len(outputs), now_ms, None, plan.level)
+        tr,
+        sub,
+        object_key,
+        ObjectRecord(object_size, len(prepared.outputs), now_ms, None, plan.level),
     )
     tally(tr, sub, "objects", 1)
     tally(tr, sub, "object_bytes", object_size)
-    tally(tr, sub, "chunk_entries", len(outputs) - len(plan.entries))
+    tally(tr, sub, "chunk_entries", len(prepared.outputs) - len(plan.entries))
     if plan.level == L1:
-        for topic_id, partition, entries in plan.partitions():
-            _add_level_one(tr, sub, topic_id, partition, entries, now_ms)
+        for check in prepared.checks:
+            _add_level_one(tr, sub, check.topic_id, check.partition, check.entries, now_ms)
     release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
     if plan.level == L2:
-        _took_level_one(tr, sub, plan)
+        _took_level_one(tr, sub, prepared)
     return JobResult(True)
 
 
 def _clear_inputs(
-    tr: Transaction, sub: keys.Subspace, plan: Plan, alone: set[tuple[bytes, int]]
+    tr: Transaction, sub: keys.Subspace, prepared: PreparedCommit, alone: set[tuple[bytes, int]]
 ) -> None:
     """Clear the input entries and their copies in the reverse index, with one range
-    where that is exact: a range costs one key to build, single clears one an entry."""
-    whole_objects = plan.level == L1  # a level-1 plan takes every entry of its inputs
-    for topic_id, partition, entries in plan.partitions():
-        if (topic_id, partition) in alone:
-            first, last = entries[0].last_offset, entries[-1].last_offset
-            clear_chunk_range(tr, sub, topic_id, partition, first, last)
+    where that is exact (the entries of a partition with none between them, the reverse
+    index of a level-1 job's inputs, which it takes whole); single clears otherwise."""
+    for check in prepared.checks:
+        if (check.topic_id, check.partition) in alone:
+            tr.clear_range(check.begin, check.end)
         else:
-            for entry in entries:
-                tr.clear(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset))
-        if not whole_objects:
-            for entry in entries:
-                tr.clear(
-                    sub.key(
-                        keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset
-                    )
-                )
-    if whole_objects:
-        for input_key in plan.input_keys:
+            for key in check.expected:
+                tr.clear(key)
+        for key in check.reverse:
+            tr.clear(key)
+    if prepared.plan.level == L1:
+        for input_key, _count in prepared.unreferenced:
             clear_reverse_index(tr, sub, input_key)
 
 
@@ -791,10 +875,10 @@ def _add_level_one(
     tr.set(row_key, row.pack())
 
 
-def _took_level_one(tr: Transaction, sub: keys.Subspace, plan: Plan) -> None:
+def _took_level_one(tr: Transaction, sub: keys.Subspace, prepared: PreparedCommit) -> None:
     """A level-2 job committed: each of its partitions' rows loses the run it took."""
-    runs = {(t, p): entries for t, p, entries in plan.partitions()}
-    for topic_id, partition, last_created_ms in plan.level_one_rows:
+    runs = {(c.topic_id, c.partition): c.entries for c in prepared.checks}
+    for topic_id, partition, last_created_ms in prepared.plan.level_one_rows:
         entries = runs.get((topic_id, partition))
         row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
         raw = tr.get(row_key)

@@ -126,11 +126,28 @@ def put_entry(
     tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
 ) -> None:
     """Write a chunk entry and its copy in the reverse index of its object."""
-    tr.set(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset), entry_value(entry))
-    tr.set(
-        sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset),
-        keys.pack_value(
-            (entry.start, entry.length, entry.base_offset, entry.batch_count, entry.max_timestamp)
+    for key, value in entry_rows(sub, topic_id, partition, entry):
+        tr.set(key, value)
+
+
+def entry_rows(
+    sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
+) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
+    """The keys and values `put_entry` writes: the chunk entry, and its copy in the
+    reverse index of its object."""
+    return (
+        (sub.key(keys.CHUNK, topic_id, partition, entry.last_offset), entry_value(entry)),
+        (
+            sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset),
+            keys.pack_value(
+                (
+                    entry.start,
+                    entry.length,
+                    entry.base_offset,
+                    entry.batch_count,
+                    entry.max_timestamp,
+                )
+            ),
         ),
     )
 
@@ -165,7 +182,17 @@ def object_entries(
     """(topic id, partition, entry) of the chunk entries naming the object, from its
     reverse index, in (topic, partition, offset) order. Empty for an object committed
     before the reverse index existed."""
+    return [(t, p, e) for t, p, e, _value in stored_object_entries(tr, sub, object_key, limit)]
+
+
+def stored_object_entries(
+    tr: ReadTransaction, sub: keys.Subspace, object_key: str, limit: int = 0
+) -> list[tuple[bytes, int, ChunkEntry, bytes]]:
+    """`object_entries`, each with the value of its CHUNK key as stored (`entry_value`):
+    the packed object key followed by the reverse index's value, since a packed tuple is
+    its packed elements one after the other."""
     begin, end = sub.range(keys.OBJECT_CHUNK, object_key)
+    head = keys.pack_value((object_key,))
     out = []
     for key, value in tr.get_range(begin, end, limit=limit):
         _tag, _object, topic_id, partition, last_offset = sub.unpack(key)
@@ -179,7 +206,7 @@ def object_entries(
             int(count),
             int(max_ts),
         )
-        out.append((bytes(topic_id), int(partition), entry))
+        out.append((bytes(topic_id), int(partition), entry, head + value))
     return out
 
 

@@ -219,6 +219,21 @@ def test_limits_of_bytes_and_entries(kv):
     assert _plan_l1(kv, max_entries=3).input_keys == ["a", "b"]
 
 
+def test_a_level_one_plan_carries_each_entry_as_stored(kv):
+    """A level-1 plan reads its entries from the reverse index; what it carries for the
+    commit to compare must be the CHUNK values byte for byte, or every job is refused."""
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(2, 10)], 1: [(1, 10)]})
+    _append(kv, topic, "b\x00c", {0: [(3, 20)], 1: [(1, 2**40)]})
+    plan = _plan_l1(kv)
+    stored = dict(kv.transact_sync(lambda tr: tr.get_range(*SUB.range(keys.CHUNK))))
+    assert len(plan.entries) == 4
+    for e in plan.entries:
+        key = SUB.key(keys.CHUNK, e.topic_id, e.partition, e.entry.last_offset)
+        assert e.value == stored[key] == log.entry_value(e.entry)
+    assert _commit(kv, plan, "L1").committed
+
+
 def test_a_commit_leaves_the_entries_between_its_inputs_alone(kv):
     topic = _topic(kv, partitions=1)
     for key in "abc":
@@ -583,6 +598,8 @@ def test_an_output_that_does_not_hold_the_inputs_is_refused(kv):
     outputs = _outputs(plan, "x")[:-1] + [
         JobEntry(topic.topic_id, 0, log.ChunkEntry("x", 8, 150, 0, 1, 2, 10))
     ]
+    with pytest.raises(ValueError):
+        compaction.prepare_commit(SUB, plan, "x", 300, outputs)  # before any transaction
     with pytest.raises(ValueError):
         kv.transact_sync(
             lambda tr: compaction.commit_job(tr, SUB, plan, 1, "x", 300, outputs, NOW, DELAY)
