@@ -54,7 +54,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -207,6 +207,17 @@ class _ReadView:
 
         return self._call(op)
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The value of each key, in order (None: missing): the reads in flight together."""
+        fulls = [self._key(key) for key in keys]
+
+        def op() -> list[bytes | None]:
+            futures = [self._tr.get(full) for full in fulls]
+            values = [future.wait() for future in futures]
+            return [None if v.value is None else bytes(v.value) for v in values]
+
+        return self._call(op)
+
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
@@ -258,6 +269,18 @@ class _WriteView(_ReadView):
         if b < e:
             self._call(lambda: self._tr.clear_range(b, e))
             self.wrote = True
+
+    def set_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        for key, value in items:
+            self.set(key, value)
+
+    def clear_many(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self.clear(key)
+
+    def clear_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> None:
+        for begin, end in ranges:
+            self.clear_range(begin, end)
 
     def add(self, key: bytes, delta: int) -> None:
         """FDB atomic ADD: value += delta as little-endian i64, missing = 0, wrapping."""

@@ -9,7 +9,12 @@ Shaped like FoundationDB so that the same layer code runs on every backend:
 * transaction functions are synchronous and run in a worker thread; callers in the event
   loop use `await kv.transact(fn)` / `await kv.read(fn)`;
 * `add` is FoundationDB's atomic ADD: the value is a little-endian signed 64-bit integer,
-  a missing key counts as zero.
+  a missing key counts as zero;
+* `get_many`, `set_many`, `clear_many` and `clear_ranges` do what the same calls one key
+  (or range) at a time do, in order, in one request where the backend can: SQLite runs
+  one statement for up to `MANY` keys (each statement gives up the GIL and waits to take
+  it back, a wait that the event loop's thread makes long while it runs), FoundationDB
+  has the reads in flight together.
 
 Backends: `metadata.sqlite_kv` (embedded default) and `metadata.fdb_kv` (FoundationDB),
 both held to one contract (tests/metadata/test_kv_contract.py); `open_kv` picks one by URL.
@@ -20,7 +25,7 @@ latency, for tests and benchmarks).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -40,8 +45,15 @@ def decode_i64(value: bytes | None) -> int:
     return int(_I64.unpack(value.ljust(8, b"\x00")[:8])[0])
 
 
+MANY = 256  # keys (or ranges) of one batched SQLite statement, at most
+
+
 class ReadTransaction(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The value of each key, in the keys' order (None: no such key)."""
+        ...
 
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
@@ -58,6 +70,16 @@ class Transaction(ReadTransaction, Protocol):
     def clear_range(self, begin: bytes, end: bytes) -> None: ...
 
     def add(self, key: bytes, delta: int) -> None: ...
+
+    def set_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """`set` of each (key, value) in turn: of a key given twice, the last value stays."""
+        ...
+
+    def clear_many(self, keys: Sequence[bytes]) -> None: ...
+
+    def clear_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> None:
+        """`clear_range` of each (begin, end)."""
+        ...
 
 
 class KV(Protocol):

@@ -57,14 +57,14 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import anyio.to_thread
 
-from metadata.kv import KVError, Threads, ThreadsFactory, decode_i64, encode_i64
+from metadata.kv import MANY, KVError, Threads, ThreadsFactory, decode_i64, encode_i64
 
 if TYPE_CHECKING:
     from metadata.kv import KV, ReadTransaction, Transaction
@@ -80,6 +80,13 @@ _SET = (
 )
 _CLEAR = "DELETE FROM kv WHERE key = ?"
 _CLEAR_RANGE = "DELETE FROM kv WHERE key >= ? AND key < ?"
+# Batched forms, for up to MANY keys (ranges) at once; {} is the list of placeholders.
+_GET_MANY = "SELECT key, value FROM kv WHERE key IN ({})"
+_SET_MANY = (
+    "INSERT INTO kv(key, value) VALUES {} ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+)
+_CLEAR_MANY = "DELETE FROM kv WHERE key IN ({})"
+_CLEAR_RANGES = "DELETE FROM kv WHERE {}"
 _RANGE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key LIMIT ?"
 _RANGE_REVERSE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key DESC LIMIT ?"
 
@@ -165,6 +172,18 @@ class _ReadTx:
         row = self._execute(_GET, (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The value of each key, in order (None: missing): one statement per `MANY`."""
+        found: dict[bytes, bytes] = {}
+        unique = list(dict.fromkeys(keys))
+        for key in unique:
+            _check_key(key)
+        for at in range(0, len(unique), MANY):
+            part = unique[at : at + MANY]
+            sql = _GET_MANY.format(",".join("?" * len(part)))
+            found.update(self._execute(sql, tuple(part)).fetchall())
+        return [found.get(key) for key in keys]
+
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
@@ -204,6 +223,12 @@ class _Tx(_ReadTx):
             self._apply(key)
         return super().get(key)
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        for key in keys:
+            if key in self._adds:
+                self._apply(key)
+        return super().get_many(keys)
+
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
@@ -232,6 +257,45 @@ class _Tx(_ReadTx):
                 del self._adds[key]
             self._execute(_CLEAR_RANGE, (begin, end))
 
+    def set_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """One statement per `MANY` pairs; of a key given twice, the last value stays."""
+        last: dict[bytes, bytes] = {}
+        for key, value in items:
+            _check_key(key)
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise TypeError(f"values must be bytes, not {type(value).__name__}")
+            self._adds.pop(key, None)
+            last[key] = value
+        pairs = list(last.items())
+        for at in range(0, len(pairs), MANY):
+            part = pairs[at : at + MANY]
+            sql = _SET_MANY.format(",".join(["(?, ?)"] * len(part)))
+            self._execute(sql, tuple(item for pair in part for item in pair))
+
+    def clear_many(self, keys: Sequence[bytes]) -> None:
+        unique = list(dict.fromkeys(keys))
+        for key in unique:
+            _check_key(key)
+            self._adds.pop(key, None)
+        for at in range(0, len(unique), MANY):
+            part = unique[at : at + MANY]
+            self._execute(_CLEAR_MANY.format(",".join("?" * len(part))), tuple(part))
+
+    def clear_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> None:
+        """One statement per `MANY` ranges."""
+        wanted = []
+        for begin, end in ranges:
+            _check_key(begin)
+            _check_key(end)
+            if begin < end:
+                for key in self._pending_in(begin, end):
+                    del self._adds[key]
+                wanted.append((begin, end))
+        for at in range(0, len(wanted), MANY):
+            part = wanted[at : at + MANY]
+            sql = _CLEAR_RANGES.format(" OR ".join(["(key >= ? AND key < ?)"] * len(part)))
+            self._execute(sql, tuple(bound for pair in part for bound in pair))
+
     def add(self, key: bytes, delta: int) -> None:
         """FDB atomic ADD: value += delta as little-endian i64, missing = 0, wrapping."""
         _check_key(key)
@@ -247,15 +311,28 @@ class _Tx(_ReadTx):
 
     def _apply(self, key: bytes) -> None:
         delta = self._adds.pop(key)
-        total = decode_i64(super().get(key)) + delta
-        # Wrap into [-2**63, 2**63) like a two's-complement 64-bit add.
-        wrapped = ((total - _I64_MIN) & 0xFFFF_FFFF_FFFF_FFFF) + _I64_MIN
-        self._execute(_SET, (key, encode_i64(wrapped)))
+        self._execute(_SET, (key, _added(super().get(key), delta)))
 
     def _before_commit(self) -> None:
-        """Write the deltas no read or write has applied yet."""
-        while self._adds:
-            self._apply(next(iter(self._adds)))
+        """Write the deltas no read or write has applied yet: the keys read together
+        and written together."""
+        if not self._adds:
+            return
+        pending, self._adds = list(self._adds.items()), {}
+        values = super().get_many([key for key, _delta in pending])
+        self.set_many(
+            [
+                (key, _added(value, delta))
+                for (key, delta), value in zip(pending, values, strict=True)
+            ]
+        )
+
+
+def _added(value: bytes | None, delta: int) -> bytes:
+    """The value after an atomic ADD of delta: wrapped into [-2**63, 2**63) like a
+    two's-complement 64-bit add."""
+    total = decode_i64(value) + delta
+    return encode_i64(((total - _I64_MIN) & 0xFFFF_FFFF_FFFF_FFFF) + _I64_MIN)
 
 
 class _Pool:

@@ -421,6 +421,18 @@ def test_reads_writes_ranges_and_add(kv: FDBKV) -> None:
         kv.transact_sync(lambda tr: tr.add(b"n", 1 << 63))
 
 
+def test_batched_calls_through_the_views(kv: FDBKV) -> None:
+    def fn(tr: Transaction) -> None:
+        tr.set_many([(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"a", b"4")])
+        assert tr.get_many([b"c", b"x", b"a"]) == [b"3", None, b"4"]
+        tr.clear_many([b"b", b"x"])
+        tr.clear_ranges([(b"c", b"d"), (b"z", b"y")])
+
+    kv.transact_sync(fn)
+    assert kv.read_sync(lambda tr: tr.get_range(b"", b"\xff")) == [(b"a", b"4")]
+    assert kv.read_sync(lambda tr: tr.get_many([b"a", b"b"])) == [b"4", None]
+
+
 def test_keys_and_values_are_checked(kv: FDBKV) -> None:
     with pytest.raises(TypeError):
         kv.transact_sync(lambda tr: tr.set("text", b"v"))  # type: ignore[arg-type]

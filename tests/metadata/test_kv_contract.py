@@ -23,7 +23,15 @@ import anyio.to_thread
 import pytest
 
 from metadata import tuple_layer as kt
-from metadata.kv import KV, KVError, ReadTransaction, Transaction, decode_i64, encode_i64
+from metadata.kv import (
+    KV,
+    MANY,
+    KVError,
+    ReadTransaction,
+    Transaction,
+    decode_i64,
+    encode_i64,
+)
 from metadata.sqlite_kv import SQLiteKV
 
 if TYPE_CHECKING:
@@ -125,6 +133,43 @@ def test_clear_range(kv: KV) -> None:
     assert [k for k, _ in _all(kv)] == [b"a", b"c", b"d"]
     kv.transact_sync(lambda tr: tr.clear_range(b"", b"\xff"))
     assert _all(kv) == []
+
+
+def test_batched_calls_do_what_one_key_at_a_time_does(kv: KV) -> None:
+    many = [b"m/%04d" % i for i in range(MANY * 2 + 7)]  # more than one statement's worth
+    _put(kv, {b"a": b"1", b"b": b"2", b"c": b"3"})
+
+    def fn(tr: Transaction) -> list[Any]:
+        seen: list[Any] = []
+        seen.append(tr.get_many([b"c", b"missing", b"a", b"c"]))  # order, gaps, repeats
+        tr.set_many([(b"a", b"10"), (b"d", b"4"), (b"a", b"11")])  # the last value stays
+        tr.add(b"n", 5)  # a pending add is read as its sum
+        tr.add(b"o", 6)
+        seen.append(tr.get_many([b"a", b"d", b"n"]))
+        tr.set_many([(k, k) for k in many])
+        seen.append(tr.get_many(many) == many)
+        tr.clear_many([b"b", b"missing", b"b", *many[1:]])
+        tr.add(b"r/x", 1)
+        tr.clear_ranges([(b"c", b"c\x00"), (b"r/", b"r0"), (b"z", b"y"), (b"d", b"d")])
+        tr.add(b"r/y", 2)
+        tr.set_many([])
+        tr.clear_many([])
+        tr.clear_ranges([])
+        seen.append(tr.get_many([]))
+        return seen
+
+    seen = kv.transact_sync(fn)
+    assert seen == [[b"3", None, b"1", b"3"], [b"11", b"4", encode_i64(5)], True, []]
+    assert _all(kv) == [
+        (b"a", b"11"),
+        (b"d", b"4"),
+        (many[0], many[0]),
+        (b"n", encode_i64(5)),
+        (b"o", encode_i64(6)),
+        (b"r/y", encode_i64(2)),
+    ]
+    assert kv.transact_sync(lambda tr: tr.get_many([b"d", b"b"])) == [b"4", None]
+    assert anyio.run(lambda: kv.read(lambda tr: tr.get_many([b"a", b"zz"]))) == [b"11", None]
 
 
 def test_atomic_add(kv: KV) -> None:
