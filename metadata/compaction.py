@@ -53,13 +53,13 @@ from typing import Any
 
 from metadata import keys
 from metadata.kv import ReadTransaction, Transaction
-from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference
+from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference_many
 from metadata.log import (
     ChunkEntry,
-    clear_reverse_index,
     entry_rows,
     entry_value,
     iter_entries,
+    reverse_index_range,
     stored_object_entries,
 )
 
@@ -750,18 +750,19 @@ def _changed(
 def release(tr: Transaction, sub: keys.Subspace, plan: Plan, node_id: int) -> None:
     """Give up the plan's claims (a job that failed or was dropped): its inputs may be
     planned again at once."""
-    for created, object_key in plan.queued:
-        row_key = sub.key(keys.L0_OBJECT, created, object_key)
-        raw = tr.get(row_key)
+    l0_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key in plan.queued]
+    l1_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _created_ms in plan.level_one_rows]
+    found = tr.get_many(l0_keys + l1_keys)
+    writes = []
+    for row_key, raw in zip(l0_keys, found[: len(l0_keys)], strict=True):
         if raw is not None and keys.unpack_value(raw)[:1] == (node_id,):
-            tr.set(row_key, keys.pack_value(()))
-    for topic_id, partition, _created_ms in plan.level_one_rows:
-        row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
-        raw = tr.get(row_key)
+            writes.append((row_key, keys.pack_value(())))
+    for row_key, raw in zip(l1_keys, found[len(l0_keys) :], strict=True):
         if raw is not None:
             row = _L1Row.unpack(raw)
             if row.node_id == node_id:
-                tr.set(row_key, row.unclaimed().pack())
+                writes.append((row_key, row.unclaimed().pack()))
+    tr.set_many(writes)
 
 
 def discard_output(
@@ -808,10 +809,8 @@ def commit_prepared(
         release(tr, sub, plan, node_id)
         return JobResult(False, reason)
     _clear_inputs(tr, sub, prepared, alone)
-    for key, value in prepared.rows:
-        tr.set(key, value)
-    for input_key, count in prepared.unreferenced:
-        unreference(tr, sub, input_key, count, now_ms, delete_delay_ms)
+    tr.set_many(prepared.rows)
+    unreference_many(tr, sub, prepared.unreferenced, now_ms, delete_delay_ms)
     put_object(
         tr,
         sub,
@@ -822,8 +821,7 @@ def commit_prepared(
     tally(tr, sub, "object_bytes", object_size)
     tally(tr, sub, "chunk_entries", len(prepared.outputs) - len(plan.entries))
     if plan.level == L1:
-        for check in prepared.checks:
-            _add_level_one(tr, sub, check.topic_id, check.partition, check.entries, now_ms)
+        _add_level_one(tr, sub, prepared.checks, now_ms)
     release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
     if plan.level == L2:
         _took_level_one(tr, sub, prepared)
@@ -835,53 +833,54 @@ def _clear_inputs(
 ) -> None:
     """Clear the input entries and their copies in the reverse index, with one range
     where that is exact (the entries of a partition with none between them, the reverse
-    index of a level-1 job's inputs, which it takes whole); single clears otherwise."""
+    index of a level-1 job's inputs, which it takes whole); single keys otherwise."""
+    ranges: list[tuple[bytes, bytes]] = []
+    single: list[bytes] = []
     for check in prepared.checks:
         if (check.topic_id, check.partition) in alone:
-            tr.clear_range(check.begin, check.end)
+            ranges.append((check.begin, check.end))
         else:
-            for key in check.expected:
-                tr.clear(key)
-        for key in check.reverse:
-            tr.clear(key)
+            single += check.expected
+        single += check.reverse
     if prepared.plan.level == L1:
-        for input_key, _count in prepared.unreferenced:
-            clear_reverse_index(tr, sub, input_key)
+        ranges += (reverse_index_range(sub, key) for key, _count in prepared.unreferenced)
+    tr.clear_ranges(ranges)
+    tr.clear_many(single)
 
 
 def _add_level_one(
-    tr: Transaction,
-    sub: keys.Subspace,
-    topic_id: bytes,
-    partition: int,
-    entries: list[ChunkEntry],
-    now_ms: int,
+    tr: Transaction, sub: keys.Subspace, checks: Sequence[_PartitionCheck], now_ms: int
 ) -> None:
-    """A level-1 object written at now_ms holds these entries of the partition."""
-    row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
-    raw = tr.get(row_key)
-    added = sum(e.length for e in entries)
-    first = entries[0].base_offset
-    if raw is None:
-        row = _L1Row(added, 1, first, oldest_ms=now_ms)
-    else:
-        old = _L1Row.unpack(raw)  # its claim and its oldest data stay
-        row = replace(
-            old,
-            size=old.size + added,
-            objects=old.objects + 1,
-            first_offset=min(old.first_offset, first),
-        )
-    tr.set(row_key, row.pack())
+    """A level-1 object written at now_ms holds these partitions' entries."""
+    row_keys = [sub.key(keys.L1_PARTITION, c.topic_id, c.partition) for c in checks]
+    writes = []
+    for check, row_key, raw in zip(checks, row_keys, tr.get_many(row_keys), strict=True):
+        added = sum(e.length for e in check.entries)
+        first = check.entries[0].base_offset
+        if raw is None:
+            row = _L1Row(added, 1, first, oldest_ms=now_ms)
+        else:
+            old = _L1Row.unpack(raw)  # its claim and its oldest data stay
+            row = replace(
+                old,
+                size=old.size + added,
+                objects=old.objects + 1,
+                first_offset=min(old.first_offset, first),
+            )
+        writes.append((row_key, row.pack()))
+    tr.set_many(writes)
 
 
 def _took_level_one(tr: Transaction, sub: keys.Subspace, prepared: PreparedCommit) -> None:
     """A level-2 job committed: each of its partitions' rows loses the run it took."""
     runs = {(c.topic_id, c.partition): c.entries for c in prepared.checks}
-    for topic_id, partition, last_created_ms in prepared.plan.level_one_rows:
+    claimed = prepared.plan.level_one_rows
+    row_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _created_ms in claimed]
+    writes, clears = [], []
+    for (topic_id, partition, last_created_ms), row_key, raw in zip(
+        claimed, row_keys, tr.get_many(row_keys), strict=True
+    ):
         entries = runs.get((topic_id, partition))
-        row_key = sub.key(keys.L1_PARTITION, topic_id, partition)
-        raw = tr.get(row_key)
         if raw is None or not entries:
             continue
         old = _L1Row.unpack(raw)
@@ -897,6 +896,8 @@ def _took_level_one(tr: Transaction, sub: keys.Subspace, prepared: PreparedCommi
             oldest_ms=oldest,
         )
         if row.size <= 0 or row.objects <= 0:
-            tr.clear(row_key)
+            clears.append(row_key)
         else:
-            tr.set(row_key, row.pack())
+            writes.append((row_key, row.pack()))
+    tr.set_many(writes)
+    tr.clear_many(clears)

@@ -25,6 +25,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -92,7 +93,10 @@ class Step:
 
 
 def get_object(tr: ReadTransaction, sub: keys.Subspace, object_key: str) -> ObjectRecord | None:
-    raw = tr.get(sub.key(keys.OBJECT, object_key))
+    return _decode_object(tr.get(sub.key(keys.OBJECT, object_key)))
+
+
+def _decode_object(raw: bytes | None) -> ObjectRecord | None:
     if raw is None:
         return None
     values = keys.unpack_value(raw)
@@ -109,17 +113,18 @@ def get_object(tr: ReadTransaction, sub: keys.Subspace, object_key: str) -> Obje
 
 
 def put_object(tr: Transaction, sub: keys.Subspace, object_key: str, record: ObjectRecord) -> None:
-    tr.set(
-        sub.key(keys.OBJECT, object_key),
-        keys.pack_value(
-            (
-                record.size,
-                record.live_entries,
-                record.created_ms,
-                record.dead_since_ms,
-                record.level,
-            )
-        ),
+    tr.set(sub.key(keys.OBJECT, object_key), _encode_object(record))
+
+
+def _encode_object(record: ObjectRecord) -> bytes:
+    return keys.pack_value(
+        (
+            record.size,
+            record.live_entries,
+            record.created_ms,
+            record.dead_since_ms,
+            record.level,
+        )
     )
 
 
@@ -132,23 +137,45 @@ def unreference(
     delete_delay_ms: int,
 ) -> None:
     """`count` chunk entries naming the object are gone; queue it when none is left."""
-    record = get_object(tr, sub, object_key)
-    if record is None:
-        return  # written before objects had records, or already queued and deleted
-    live = max(0, record.live_entries - count)
-    if live == 0 and record.dead_since_ms is None:
-        record = ObjectRecord(record.size, 0, record.created_ms, now_ms, record.level)
-        tr.set(
-            sub.key(keys.DEAD_OBJECT, now_ms + delete_delay_ms, object_key),
-            keys.pack_value((record.size,)),
-        )
-        if record.level == INGEST_LEVEL:
-            tr.clear(sub.key(keys.L0_OBJECT, record.created_ms, object_key))
-    else:
-        record = ObjectRecord(
-            record.size, live, record.created_ms, record.dead_since_ms, record.level
-        )
-    put_object(tr, sub, object_key, record)
+    unreference_many(tr, sub, [(object_key, count)], now_ms, delete_delay_ms)
+
+
+def unreference_many(
+    tr: Transaction,
+    sub: keys.Subspace,
+    counts: Sequence[tuple[str, int]],
+    now_ms: int,
+    delete_delay_ms: int,
+) -> None:
+    """`unreference` of each (object key, count), the objects named once each: their
+    records read together and written together."""
+    record_keys = [sub.key(keys.OBJECT, object_key) for object_key, _count in counts]
+    writes: list[tuple[bytes, bytes]] = []
+    clears: list[bytes] = []
+    for (object_key, count), record_key, raw in zip(
+        counts, record_keys, tr.get_many(record_keys), strict=True
+    ):
+        record = _decode_object(raw)
+        if record is None:
+            continue  # written before objects had records, or already queued and deleted
+        live = max(0, record.live_entries - count)
+        if live == 0 and record.dead_since_ms is None:
+            record = ObjectRecord(record.size, 0, record.created_ms, now_ms, record.level)
+            writes.append(
+                (
+                    sub.key(keys.DEAD_OBJECT, now_ms + delete_delay_ms, object_key),
+                    keys.pack_value((record.size,)),
+                )
+            )
+            if record.level == INGEST_LEVEL:
+                clears.append(sub.key(keys.L0_OBJECT, record.created_ms, object_key))
+        else:
+            record = ObjectRecord(
+                record.size, live, record.created_ms, record.dead_since_ms, record.level
+            )
+        writes.append((record_key, _encode_object(record)))
+    tr.set_many(writes)
+    tr.clear_many(clears)
 
 
 def due_dead_objects(
@@ -167,13 +194,16 @@ def due_dead_objects(
 
 def forget_deleted(tr: Transaction, sub: keys.Subspace, deleted: list[DeadObject]) -> None:
     """The objects are gone from the store: drop their queue entries and records."""
-    for dead in deleted:
-        tr.clear(sub.key(keys.DEAD_OBJECT, dead.due_ms, dead.object_key))
-        record = get_object(tr, sub, dead.object_key)
+    tr.clear_many([sub.key(keys.DEAD_OBJECT, dead.due_ms, dead.object_key) for dead in deleted])
+    record_keys = list(dict.fromkeys(sub.key(keys.OBJECT, dead.object_key) for dead in deleted))
+    gone = []
+    for record_key, raw in zip(record_keys, tr.get_many(record_keys), strict=True):
+        record = _decode_object(raw)
         if record is not None and record.live_entries == 0:
-            tr.clear(sub.key(keys.OBJECT, dead.object_key))
+            gone.append(record_key)
             tally(tr, sub, "objects", -1)
             tally(tr, sub, "object_bytes", -record.size)
+    tr.clear_many(gone)
 
 
 def known_objects(tr: ReadTransaction, sub: keys.Subspace, object_keys: list[str]) -> set[str]:

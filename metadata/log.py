@@ -173,7 +173,12 @@ def clear_chunk_range(
 
 def clear_reverse_index(tr: Transaction, sub: keys.Subspace, object_key: str) -> None:
     """Remove the copies of every entry naming the object (the entries go too)."""
-    tr.clear_range(*sub.range(keys.OBJECT_CHUNK, object_key))
+    tr.clear_range(*reverse_index_range(sub, object_key))
+
+
+def reverse_index_range(sub: keys.Subspace, object_key: str) -> tuple[bytes, bytes]:
+    """The keys of the object's reverse index: (begin, end)."""
+    return sub.range(keys.OBJECT_CHUNK, object_key)
 
 
 def object_entries(

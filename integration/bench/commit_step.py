@@ -4,7 +4,9 @@ the flushes of an object store hold; a local folder's flushes hold a few) re-poi
 one output, on a metadata file that holds the earlier rounds' entries too. Medians of
 `--rounds` rounds after two, in milliseconds: the transaction's wall time and its
 thread's CPU time; and, where the tree has it, the CPU of preparing the commit before
-the transaction (`metadata.compaction.prepare_commit`).
+the transaction (`metadata.compaction.prepare_commit`). With `--busy`, a thread runs
+Python beside the commit all along, as the agent's event loop does: each statement the
+commit runs gives up the GIL and waits to take it back.
 
     .venv/bin/python integration/bench/commit_step.py
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -92,12 +95,24 @@ def one_round(kv: SQLiteKV, files: Files, inputs: int, n: int) -> tuple[float, f
     return wall, cpu, prepared_cpu
 
 
+def _spin(done: threading.Event) -> None:
+    """Python bytecode without pause until done (no system call gives the GIL up)."""
+    total = 0
+    while not done.is_set():
+        for i in range(10_000):
+            total += i
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=int, default=32)
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--busy", action="store_true", help="a thread running Python beside")
     args = parser.parse_args()
+    done = threading.Event()
+    if args.busy:
+        threading.Thread(target=_spin, args=(done,), daemon=True).start()
     with tempfile.TemporaryDirectory() as folder:
         kv = SQLiteKV(str(Path(folder) / "metadata.db"))
         kv.transact_sync(lambda tr: tr.set(SUB.key(keys.TOPIC, TOPIC_ID), keys.pack_value(("t",))))
@@ -105,8 +120,9 @@ def main() -> None:
         rounds = [one_round(kv, files, args.inputs, n) for n in range(args.rounds + 2)][2:]
         kv.close()
     wall, cpu, prepared = (statistics.median(column) * 1000 for column in zip(*rounds, strict=True))
+    done.set()
     print(
-        f"{args.inputs} files x {args.partitions} partitions: commit {wall:.1f} ms wall, "
+        f"{'beside a busy thread: ' if args.busy else ''}{args.inputs} files x {args.partitions} partitions: commit {wall:.1f} ms wall, "
         f"{cpu:.1f} ms CPU under the lock; prepared before it in {prepared:.1f} ms CPU "
         f"(medians of {args.rounds})"
     )

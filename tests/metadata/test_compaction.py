@@ -3,12 +3,15 @@ re-pointing commit that replaces exactly the planned entries or nothing at all."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kio.schema.errors import ErrorCode
 
 from metadata import cluster, compaction, keys, lifecycle, log, producers, topics, txns
 from metadata.compaction import L1, L2, JobEntry, Limits, Plan
 from metadata.kv import KV
+from metadata.sqlite_kv import SQLiteKV
 from tests.metadata.test_lifecycle import (
     DELAY,
     SUB,
@@ -232,6 +235,42 @@ def test_a_level_one_plan_carries_each_entry_as_stored(kv):
         key = SUB.key(keys.CHUNK, e.topic_id, e.partition, e.entry.last_offset)
         assert e.value == stored[key] == log.entry_value(e.entry)
     assert _commit(kv, plan, "L1").committed
+
+
+def _statements_of_a_level_one_commit(tmp_path: Path, files: int) -> int:
+    """SQLite statements a level-1 commit of `files` ingest files of 4 partitions runs."""
+    kv = SQLiteKV(tmp_path / f"{files}.db")
+    try:
+        topic = _topic(kv, partitions=4)
+        for i in range(files):
+            _append(kv, topic, f"f{i:03d}", {p: [(1, 10)] for p in range(4)})
+        plan = _plan_l1(kv)
+        assert len(plan.input_keys) == files
+        prepared = compaction.prepare_commit(SUB, plan, "L1", 1000, _outputs(plan, "L1"))
+
+        def fn(tr) -> int:
+            count = [0]
+            tr._conn.set_trace_callback(lambda _sql: count.__setitem__(0, count[0] + 1))
+            try:
+                result = compaction.commit_prepared(tr, SUB, prepared, 1, NOW, DELAY)
+                tr._before_commit()  # the tallies, as the commit writes them
+            finally:
+                tr._conn.set_trace_callback(None)
+            assert result.committed
+            return count[0]
+
+        return kv.transact_sync(fn)
+    finally:
+        kv.close()
+
+
+def test_a_level_one_commits_statements_do_not_grow_with_its_inputs(tmp_path):
+    """Each SQLite statement gives up the GIL and waits to take it back (long, beside a
+    busy event loop): the commit reads and writes its inputs' records, queue rows and
+    reverse index a batch at a time, not one statement each."""
+    assert _statements_of_a_level_one_commit(tmp_path, 4) == _statements_of_a_level_one_commit(
+        tmp_path, 32
+    )
 
 
 def test_a_commit_leaves_the_entries_between_its_inputs_alone(kv):
