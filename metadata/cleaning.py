@@ -45,16 +45,17 @@ from metadata.lifecycle import (
     ObjectRecord,
     put_object,
     tally,
-    unreference,
+    unreference_many,
 )
 from metadata.log import (
     ChunkEntry,
     PartitionState,
     clear_chunk_range,
     decode_entry,
+    entry_keys,
+    entry_rows,
     get_partition,
     iter_entries,
-    put_entry,
     put_partition,
     read_chunks,
 )
@@ -223,14 +224,10 @@ def commit_stretch(
     state = get_partition(tr, sub, topic_id, partition)
     assert state is not None  # the entries are there, so is the partition
     clear_chunk_range(tr, sub, topic_id, partition, inputs[0].last_offset, inputs[-1].last_offset)
-    for entry in inputs:
-        tr.clear(
-            sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset)
-        )
-    for entry in outputs:
-        put_entry(tr, sub, topic_id, partition, entry)
-    for input_key, count in Counter(e.object_key for e in inputs).items():
-        unreference(tr, sub, input_key, count, now_ms, delete_delay_ms)
+    tr.clear_many([entry_keys(sub, topic_id, partition, e)[1] for e in inputs])
+    tr.set_many([row for e in outputs for row in entry_rows(sub, topic_id, partition, e)])
+    counts = Counter(e.object_key for e in inputs)
+    unreference_many(tr, sub, list(counts.items()), now_ms, delete_delay_ms)
     if object_key is not None:
         record = ObjectRecord(object_size, len(outputs), now_ms, None, L2)
         if not outputs:  # the object holds nothing any entry names

@@ -56,6 +56,7 @@ from metadata.kv import ReadTransaction, Transaction
 from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference_many
 from metadata.log import (
     ChunkEntry,
+    entry_keys,
     entry_rows,
     entry_value,
     iter_entries,
@@ -670,7 +671,6 @@ class _PartitionCheck:
     end: bytes  # just past the CHUNK key of its last
     expected: dict[bytes, bytes]  # each input entry's CHUNK key and value
     entries: list[ChunkEntry]
-    reverse: list[bytes]  # their keys in the reverse index (of a level-2 job only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,6 +687,10 @@ class PreparedCommit:
     checks: tuple[_PartitionCheck, ...]
     rows: tuple[tuple[bytes, bytes], ...]  # the outputs' CHUNK and OBJECT_CHUNK keys, values
     unreferenced: tuple[tuple[str, int], ...]  # each input object, and the entries it loses
+    # The inputs' copies in the reverse index, cleared by key or, of objects a job takes
+    # whole (level 1), by range.
+    reverse_keys: tuple[bytes, ...]
+    reverse_ranges: tuple[tuple[bytes, bytes], ...]
 
 
 def prepare_commit(
@@ -704,20 +708,29 @@ def prepare_commit(
         }
         begin = prefix + keys.pack_tail(entries[0].entry.last_offset)
         end = prefix + keys.pack_tail(entries[-1].entry.last_offset) + b"\x00"
-        chunks = [e.entry for e in entries]
-        reverse = (
-            []
-            if plan.level == L1  # it clears its inputs' reverse index whole
-            else [
-                sub.key(keys.OBJECT_CHUNK, e.object_key, topic_id, partition, e.last_offset)
-                for e in chunks
-            ]
+        checks.append(
+            _PartitionCheck(topic_id, partition, begin, end, expected, [e.entry for e in entries])
         )
-        checks.append(_PartitionCheck(topic_id, partition, begin, end, expected, chunks, reverse))
     rows = tuple(row for e in outputs for row in entry_rows(sub, e.topic_id, e.partition, e.entry))
     unreferenced = tuple(Counter(e.entry.object_key for e in plan.entries).items())
+    if plan.level == L1:  # it takes every entry of its inputs: their reverse index goes whole
+        reverse_keys: tuple[bytes, ...] = ()
+        reverse_ranges = tuple(reverse_index_range(sub, key) for key, _count in unreferenced)
+    else:
+        reverse_keys = tuple(
+            entry_keys(sub, e.topic_id, e.partition, e.entry)[1] for e in plan.entries
+        )
+        reverse_ranges = ()
     return PreparedCommit(
-        plan, object_key, object_size, tuple(outputs), tuple(checks), rows, unreferenced
+        plan,
+        object_key,
+        object_size,
+        tuple(outputs),
+        tuple(checks),
+        rows,
+        unreferenced,
+        reverse_keys,
+        reverse_ranges,
     )
 
 
@@ -733,10 +746,9 @@ def _changed(
             return f"topic {check.topic_id.hex()} was deleted", alone
         # Compared as stored, without decoding (thousands of entries, a commit's time).
         found = dict(tr.get_range(check.begin, check.end))
-        if len(found) == len(check.expected):
-            if found == check.expected:
-                alone.add((check.topic_id, check.partition))
-                continue
+        if found == check.expected:  # these entries, and none between them
+            alone.add((check.topic_id, check.partition))
+            continue
         for (key, value), entry in zip(check.expected.items(), check.entries, strict=True):
             if found.get(key) != value:
                 reason = (
@@ -808,7 +820,7 @@ def commit_prepared(
         discard_output(tr, sub, object_key, object_size, plan.level, now_ms)
         release(tr, sub, plan, node_id)
         return JobResult(False, reason)
-    _clear_inputs(tr, sub, prepared, alone)
+    _clear_inputs(tr, prepared, alone)
     tr.set_many(prepared.rows)
     unreference_many(tr, sub, prepared.unreferenced, now_ms, delete_delay_ms)
     put_object(
@@ -828,22 +840,17 @@ def commit_prepared(
     return JobResult(True)
 
 
-def _clear_inputs(
-    tr: Transaction, sub: keys.Subspace, prepared: PreparedCommit, alone: set[tuple[bytes, int]]
-) -> None:
+def _clear_inputs(tr: Transaction, prepared: PreparedCommit, alone: set[tuple[bytes, int]]) -> None:
     """Clear the input entries and their copies in the reverse index, with one range
     where that is exact (the entries of a partition with none between them, the reverse
-    index of a level-1 job's inputs, which it takes whole); single keys otherwise."""
-    ranges: list[tuple[bytes, bytes]] = []
-    single: list[bytes] = []
+    index of objects taken whole); single keys otherwise."""
+    ranges = list(prepared.reverse_ranges)
+    single = list(prepared.reverse_keys)
     for check in prepared.checks:
         if (check.topic_id, check.partition) in alone:
             ranges.append((check.begin, check.end))
         else:
             single += check.expected
-        single += check.reverse
-    if prepared.plan.level == L1:
-        ranges += (reverse_index_range(sub, key) for key, _count in prepared.unreferenced)
     tr.clear_ranges(ranges)
     tr.clear_many(single)
 

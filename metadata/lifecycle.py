@@ -7,7 +7,7 @@ Rules:
   names it (None while something does), and its level (0 for an ingest file, 1 or 2 for
   a compaction's output, None for a record written before levels). `log.commit_ingest`
   and `metadata.compaction` write it.
-- A chunk entry is removed only here (`drop_entry`), which counts its object down. At
+- A chunk entry is removed only here (`drop_entries`), which counts its object down. At
   zero the object goes on the dead queue, (DEAD_OBJECT, due_ms, key), due one delete
   delay later, so that a reader who looked the index up just before still gets its
   bytes (a level-0 object also leaves the compaction queue). Its OBJECT record stays
@@ -25,6 +25,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,8 +38,8 @@ from metadata.log import (
     INGEST_LEVEL,
     ChunkEntry,
     PartitionState,
-    clear_entry,
     decode_entry,
+    entry_keys,
     get_partition,
     iter_entries,
     put_partition,
@@ -128,18 +129,6 @@ def _encode_object(record: ObjectRecord) -> bytes:
     )
 
 
-def unreference(
-    tr: Transaction,
-    sub: keys.Subspace,
-    object_key: str,
-    count: int,
-    now_ms: int,
-    delete_delay_ms: int,
-) -> None:
-    """`count` chunk entries naming the object are gone; queue it when none is left."""
-    unreference_many(tr, sub, [(object_key, count)], now_ms, delete_delay_ms)
-
-
 def unreference_many(
     tr: Transaction,
     sub: keys.Subspace,
@@ -147,8 +136,9 @@ def unreference_many(
     now_ms: int,
     delete_delay_ms: int,
 ) -> None:
-    """`unreference` of each (object key, count), the objects named once each: their
-    records read together and written together."""
+    """`count` chunk entries naming the object are gone, for each (object key, count),
+    the objects named once each; an object left with none is queued for deletion. Their
+    records are read together and written together."""
     record_keys = [sub.key(keys.OBJECT, object_key) for object_key, _count in counts]
     writes: list[tuple[bytes, bytes]] = []
     clears: list[bytes] = []
@@ -223,9 +213,23 @@ def drop_entry(
     now_ms: int,
     delete_delay_ms: int,
 ) -> None:
-    clear_entry(tr, sub, topic_id, partition, entry)
-    tally(tr, sub, "chunk_entries", -1)
-    unreference(tr, sub, entry.object_key, 1, now_ms, delete_delay_ms)
+    drop_entries(tr, sub, topic_id, [(partition, entry)], now_ms, delete_delay_ms)
+
+
+def drop_entries(
+    tr: Transaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    dropped: Sequence[tuple[int, ChunkEntry]],
+    now_ms: int,
+    delete_delay_ms: int,
+) -> None:
+    """`drop_entry` of each (partition, entry) of the topic: the entries cleared together,
+    their objects counted down together."""
+    tr.clear_many([key for p, e in dropped for key in entry_keys(sub, topic_id, p, e)])
+    tally(tr, sub, "chunk_entries", -len(dropped))
+    counts = Counter(e.object_key for _p, e in dropped)
+    unreference_many(tr, sub, list(counts.items()), now_ms, delete_delay_ms)
 
 
 def _drop(
@@ -240,10 +244,8 @@ def _drop(
     delete_delay_ms: int,
 ) -> None:
     """Drop entries (the partition's first ones) and set the new log start offset."""
-    dropped_bytes = 0
-    for entry in entries:
-        drop_entry(tr, sub, topic_id, partition, entry, now_ms, delete_delay_ms)
-        dropped_bytes += entry.length
+    drop_entries(tr, sub, topic_id, [(partition, e) for e in entries], now_ms, delete_delay_ms)
+    dropped_bytes = sum(e.length for e in entries)
     log_bytes = None if state.log_bytes is None else max(0, state.log_bytes - dropped_bytes)
     put_partition(
         tr,
@@ -417,10 +419,8 @@ def reap_deleted_topic(
     DELETED_TOPIC record is then cleared too)."""
     begin, end = sub.range(keys.CHUNK, topic_id)
     rows = tr.get_range(begin, end, limit=limit)
-    for key, value in rows:
-        entry = decode_entry(sub, key, value)
-        partition = int(sub.unpack(key)[2])
-        drop_entry(tr, sub, topic_id, partition, entry, now_ms, delete_delay_ms)
+    dropped = [(int(sub.unpack(key)[2]), decode_entry(sub, key, value)) for key, value in rows]
+    drop_entries(tr, sub, topic_id, dropped, now_ms, delete_delay_ms)
     if len(rows) < limit:
         tr.clear(sub.key(keys.DELETED_TOPIC, topic_id))
         return True

@@ -7,9 +7,9 @@ chunk entry per run of byte-contiguous accepted batches and advances the waterma
 rejected batch keeps its bytes in the object but gets no offsets and no entry.
 
 A chunk entry and its copy in the object's reverse index (OBJECT_CHUNK) are written and
-cleared together: with `put_entry` and `clear_entry`, or by metadata.compaction, which
-replaces many entries at once and clears them with ranges where it can
-(`clear_chunk_range`, `clear_reverse_index`). The ingest file is a
+cleared together: `entry_rows` and `entry_keys` name both (`put_entry` writes one entry),
+and metadata.compaction, which replaces many entries at once, clears them with ranges
+where it can (`clear_chunk_range`, `reverse_index_range`). The ingest file is a
 level-0 object (`INGEST_LEVEL`), queued for compaction (L0_OBJECT) from its commit on.
 
 Offsets never move backwards: the watermark only grows, and it is read from the store.
@@ -109,16 +109,26 @@ def decode_entry(sub: keys.Subspace, key: bytes, value: bytes) -> ChunkEntry:
 
 
 def entry_value(entry: ChunkEntry) -> bytes:
-    """The value of the entry's CHUNK key (its last offset is in the key)."""
+    """The value of the entry's CHUNK key (its last offset is in the key): the packed
+    object key, then what the reverse index holds (a packed tuple is its packed
+    elements one after another)."""
+    return keys.pack_value((entry.object_key,)) + _reverse_value(entry)
+
+
+def _reverse_value(entry: ChunkEntry) -> bytes:
+    """The value of the entry's copy in the reverse index of its object."""
     return keys.pack_value(
-        (
-            entry.object_key,
-            entry.start,
-            entry.length,
-            entry.base_offset,
-            entry.batch_count,
-            entry.max_timestamp,
-        )
+        (entry.start, entry.length, entry.base_offset, entry.batch_count, entry.max_timestamp)
+    )
+
+
+def entry_keys(
+    sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
+) -> tuple[bytes, bytes]:
+    """The entry's CHUNK key and the key of its copy in the reverse index."""
+    return (
+        sub.key(keys.CHUNK, topic_id, partition, entry.last_offset),
+        sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset),
     )
 
 
@@ -126,8 +136,7 @@ def put_entry(
     tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
 ) -> None:
     """Write a chunk entry and its copy in the reverse index of its object."""
-    for key, value in entry_rows(sub, topic_id, partition, entry):
-        tr.set(key, value)
+    tr.set_many(entry_rows(sub, topic_id, partition, entry))
 
 
 def entry_rows(
@@ -135,45 +144,19 @@ def entry_rows(
 ) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
     """The keys and values `put_entry` writes: the chunk entry, and its copy in the
     reverse index of its object."""
-    return (
-        (sub.key(keys.CHUNK, topic_id, partition, entry.last_offset), entry_value(entry)),
-        (
-            sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset),
-            keys.pack_value(
-                (
-                    entry.start,
-                    entry.length,
-                    entry.base_offset,
-                    entry.batch_count,
-                    entry.max_timestamp,
-                )
-            ),
-        ),
-    )
-
-
-def clear_entry(
-    tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, entry: ChunkEntry
-) -> None:
-    """Remove a chunk entry and its copy in the reverse index."""
-    tr.clear(sub.key(keys.CHUNK, topic_id, partition, entry.last_offset))
-    tr.clear(sub.key(keys.OBJECT_CHUNK, entry.object_key, topic_id, partition, entry.last_offset))
+    chunk_key, reverse_key = entry_keys(sub, topic_id, partition, entry)
+    return (chunk_key, entry_value(entry)), (reverse_key, _reverse_value(entry))
 
 
 def clear_chunk_range(
     tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, first: int, last: int
 ) -> None:
     """Remove the partition's entries whose last offsets lie in [first, last] (their
-    copies in the reverse index stay: see clear_reverse_index)."""
+    copies in the reverse index stay: see reverse_index_range)."""
     tr.clear_range(
         sub.key(keys.CHUNK, topic_id, partition, first),
         sub.key(keys.CHUNK, topic_id, partition, last) + b"\x00",
     )
-
-
-def clear_reverse_index(tr: Transaction, sub: keys.Subspace, object_key: str) -> None:
-    """Remove the copies of every entry naming the object (the entries go too)."""
-    tr.clear_range(*reverse_index_range(sub, object_key))
 
 
 def reverse_index_range(sub: keys.Subspace, object_key: str) -> tuple[bytes, bytes]:
@@ -196,7 +179,7 @@ def stored_object_entries(
     """`object_entries`, each with the value of its CHUNK key as stored (`entry_value`):
     the packed object key followed by the reverse index's value, since a packed tuple is
     its packed elements one after the other."""
-    begin, end = sub.range(keys.OBJECT_CHUNK, object_key)
+    begin, end = reverse_index_range(sub, object_key)
     head = keys.pack_value((object_key,))
     out = []
     for key, value in tr.get_range(begin, end, limit=limit):

@@ -317,6 +317,6 @@ def test_an_object_record_written_before_levels_has_none(kv):
         lambda tr: tr.set(SUB.key(keys.OBJECT, "old"), keys.pack_value((10, 1, 5, None)))
     )
     assert _object(kv, "old") == lifecycle.ObjectRecord(10, 1, 5, None, None)
-    kv.transact_sync(lambda tr: lifecycle.unreference(tr, SUB, "old", 1, 50, DELAY))
+    kv.transact_sync(lambda tr: lifecycle.unreference_many(tr, SUB, [("old", 1)], 50, DELAY))
     assert _object(kv, "old") == lifecycle.ObjectRecord(10, 0, 5, 50, None)
     assert _due(kv, 50 + DELAY) == [(50 + DELAY, "old")]
