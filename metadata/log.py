@@ -81,7 +81,14 @@ class AppendResult:
 def get_partition(
     tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int
 ) -> PartitionState | None:
-    raw = tr.get(sub.key(keys.PARTITION, topic_id, partition))
+    return decode_partition(tr.get(partition_key(sub, topic_id, partition)))
+
+
+def partition_key(sub: keys.Subspace, topic_id: bytes, partition: int) -> bytes:
+    return sub.key(keys.PARTITION, topic_id, partition)
+
+
+def decode_partition(raw: bytes | None) -> PartitionState | None:
     if raw is None:
         return None
     values = keys.unpack_value(raw)
@@ -94,8 +101,15 @@ def get_partition(
 def put_partition(
     tr: Transaction, sub: keys.Subspace, topic_id: bytes, partition: int, state: PartitionState
 ) -> None:
-    tr.set(
-        sub.key(keys.PARTITION, topic_id, partition),
+    tr.set(*partition_row(sub, topic_id, partition, state))
+
+
+def partition_row(
+    sub: keys.Subspace, topic_id: bytes, partition: int, state: PartitionState
+) -> tuple[bytes, bytes]:
+    """The key and value `put_partition` writes."""
+    return (
+        partition_key(sub, topic_id, partition),
         keys.pack_value((state.high_watermark, state.log_start_offset, state.log_bytes)),
     )
 
@@ -291,33 +305,18 @@ def within_budget(entries: Iterable[ChunkEntry], max_bytes: int) -> list[ChunkEn
     return out
 
 
-def _write_run(
-    tr: Transaction,
-    sub: keys.Subspace,
-    object_key: str,
-    topic_id: bytes,
-    partition: int,
-    run: list[PendingBatch],
-    next_offset: int,
-) -> int:
-    """Write the chunk entry of a run of accepted batches ending just before next_offset;
-    returns its length in bytes (0: no run, no entry)."""
-    if not run:
-        return 0
+def _run_entry(object_key: str, run: list[PendingBatch], next_offset: int) -> ChunkEntry:
+    """The chunk entry of a run of accepted batches ending just before next_offset."""
     first, last = run[0], run[-1]
-    base_offset = next_offset - sum(b.last_offset_delta + 1 for b in run)
-    length = last.start + last.length - first.start
-    entry = ChunkEntry(
+    return ChunkEntry(
         object_key,
         first.start,
-        length,
-        base_offset,
+        last.start + last.length - first.start,
+        next_offset - sum(b.last_offset_delta + 1 for b in run),
         next_offset - 1,
         len(run),
         max(b.max_timestamp for b in run),
     )
-    put_entry(tr, sub, topic_id, partition, entry)
-    return length
 
 
 def _check_in_transaction(
@@ -358,26 +357,33 @@ def commit_ingest(
     Batches of one partition must appear in the order they were received. The batches
     at the indexes in `expired` are refused with REQUEST_TIMED_OUT and not written:
     their producers were answered so, or may have given up on them.
+
+    The partitions' states and the producers' records are read in one batch and the
+    entries, states and records written in one batch (each statement of SQLite's costs
+    a wait for the GIL beside a busy event loop; FoundationDB has the reads in flight
+    together). Only a transactional batch or a marker reads and writes on its own.
     """
     results: list[AppendResult | None] = [None] * len(batches)
     by_partition: dict[tuple[bytes, int], list[int]] = {}
     for i, batch in enumerate(batches):
         by_partition.setdefault((batch.topic_id, batch.partition), []).append(i)
+    states, identities, producer_states = _read_for_ingest(tr, sub, batches, by_partition)
 
+    rows: list[tuple[bytes, bytes]] = []  # written together at the end
     live_chunks = 0  # entries written, all partitions
     added = 0  # bytes of the entries written for the partition at hand
 
     def write_run(run: list[PendingBatch], topic_id: bytes, partition: int, hwm: int) -> None:
         nonlocal live_chunks, added
-        length = _write_run(tr, sub, object_key, topic_id, partition, run, hwm)
-        if length:
+        if run:
+            entry = _run_entry(object_key, run, hwm)
+            rows.extend(entry_rows(sub, topic_id, partition, entry))
             live_chunks += 1
-            added += length
+            added += entry.length
 
-    registered_cache: dict[int, producers.ProducerIdentity | None] = {}
     txn_cache: dict[str, txns.Txn | None] = {}
     for (topic_id, partition), indexes in by_partition.items():
-        state = get_partition(tr, sub, topic_id, partition)
+        state = states[topic_id, partition]
         if state is None:  # deleted (or shrunk) while the object was uploading
             for i in indexes:
                 results[i] = AppendResult(ErrorCode.unknown_topic_or_partition)
@@ -385,7 +391,7 @@ def commit_ingest(
         hwm = state.high_watermark
         added = 0
         run: list[PendingBatch] = []
-        producer_states: dict[int, producers.PartitionProducerState | None] = {}
+        changed: set[int] = set()  # producers whose state here changed
         open_txns: dict[int, int | None] = {}
         for i in indexes:
             batch = batches[i]
@@ -402,16 +408,11 @@ def commit_ingest(
                 )
                 open_txns[pid] = None
             elif pid >= 0:
-                if pid not in registered_cache:
-                    registered_cache[pid] = producers.get_producer(tr, sub, pid)
-                if pid not in producer_states:
-                    producer_states[pid] = producers.load_partition_state(
-                        tr, sub, pid, topic_id, partition
-                    )
+                pkey = (pid, topic_id, partition)
                 last_seq = producers.last_sequence_of(batch.base_sequence, batch.last_offset_delta)
                 check = producers.check_batch(
-                    registered_cache[pid],
-                    producer_states[pid],
+                    identities[pid],
+                    producer_states[pkey],
                     batch.producer_epoch,
                     batch.base_sequence,
                     last_seq,
@@ -422,7 +423,7 @@ def commit_ingest(
                     and batch.transactional
                 ):
                     check = _check_in_transaction(
-                        tr, sub, registered_cache[pid], txn_cache, topic_id, partition
+                        tr, sub, identities[pid], txn_cache, topic_id, partition
                     )
                 if check.error != ErrorCode.none or check.duplicate_of is not None:
                     write_run(run, topic_id, partition, hwm)
@@ -434,9 +435,10 @@ def commit_ingest(
                         duplicate=check.duplicate_of is not None,
                     )
                     continue
-                producer_states[pid] = producers.record_append(
-                    producer_states[pid], batch.producer_epoch, batch.base_sequence, last_seq, hwm
+                producer_states[pkey] = producers.record_append(
+                    producer_states[pkey], batch.producer_epoch, batch.base_sequence, last_seq, hwm
                 )
+                changed.add(pid)
                 if batch.transactional:
                     if pid not in open_txns:
                         open_txns[pid] = txns.open_first_offset(tr, sub, topic_id, partition, pid)
@@ -452,25 +454,59 @@ def commit_ingest(
         write_run(run, topic_id, partition, hwm)
         if hwm != state.high_watermark:
             log_bytes = None if state.log_bytes is None else state.log_bytes + added
-            put_partition(
-                tr, sub, topic_id, partition, PartitionState(hwm, state.log_start_offset, log_bytes)
+            rows.append(
+                partition_row(
+                    sub, topic_id, partition, PartitionState(hwm, state.log_start_offset, log_bytes)
+                )
             )
-        for pid, pstate in producer_states.items():
-            if pstate is not None:
-                producers.store_partition_state(tr, sub, pid, topic_id, partition, pstate)
+        for pid in changed:
+            pstate = producer_states[pid, topic_id, partition]
+            assert pstate is not None  # record_append returns a state
+            rows.append(producers.partition_state_row(sub, pid, topic_id, partition, pstate))
 
     if live_chunks:
         # The object's record and the tallies (metadata.lifecycle); it waits for
         # compaction (metadata.compaction).
-        tr.set(
-            sub.key(keys.OBJECT, object_key),
-            keys.pack_value((object_size, live_chunks, now_ms, None, INGEST_LEVEL)),
+        rows.append(
+            (
+                sub.key(keys.OBJECT, object_key),
+                keys.pack_value((object_size, live_chunks, now_ms, None, INGEST_LEVEL)),
+            )
         )
-        tr.set(sub.key(keys.L0_OBJECT, now_ms, object_key), keys.pack_value(()))
+        rows.append((sub.key(keys.L0_OBJECT, now_ms, object_key), keys.pack_value(())))
         for name, delta in (
             ("objects", 1),
             ("object_bytes", object_size),
             ("chunk_entries", live_chunks),
         ):
             tr.add(sub.key(keys.CLUSTER, "tally", name), delta)
+    tr.set_many(rows)
     return [r if r is not None else AppendResult(ErrorCode.unknown_server_error) for r in results]
+
+
+def _read_for_ingest(
+    tr: Transaction,
+    sub: keys.Subspace,
+    batches: Sequence[PendingBatch],
+    by_partition: dict[tuple[bytes, int], list[int]],
+) -> tuple[
+    dict[tuple[bytes, int], PartitionState | None],
+    dict[int, producers.ProducerIdentity | None],
+    dict[tuple[int, bytes, int], producers.PartitionProducerState | None],
+]:
+    """What commit_ingest reads, in one batch: each partition's state, and each
+    idempotent producer's record and its state in each partition it writes to."""
+    pids: dict[int, None] = {}
+    pairs: dict[tuple[int, bytes, int], None] = {}
+    for batch in batches:
+        if batch.control == NOT_CONTROL and batch.producer_id >= 0:
+            pids[batch.producer_id] = None
+            pairs[batch.producer_id, batch.topic_id, batch.partition] = None
+    wanted = [partition_key(sub, t, p) for t, p in by_partition]
+    wanted += [producers.producer_key(sub, pid) for pid in pids]
+    wanted += [producers.partition_state_key(sub, *pair) for pair in pairs]
+    found = iter(tr.get_many(wanted))
+    states = {tp: decode_partition(next(found)) for tp in by_partition}
+    identities = {pid: producers.decode_producer(pid, next(found)) for pid in pids}
+    producer_states = {pair: producers.decode_partition_state(next(found)) for pair in pairs}
+    return states, identities, producer_states

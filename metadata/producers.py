@@ -44,8 +44,17 @@ class PartitionProducerState:
         return self.batches[-1][1] if self.batches else -1
 
 
-def get_producer(tr: ReadTransaction, sub: keys.Subspace, producer_id: int) -> ProducerIdentity | None:
-    raw = tr.get(sub.key(keys.PRODUCER, producer_id))
+def get_producer(
+    tr: ReadTransaction, sub: keys.Subspace, producer_id: int
+) -> ProducerIdentity | None:
+    return decode_producer(producer_id, tr.get(producer_key(sub, producer_id)))
+
+
+def producer_key(sub: keys.Subspace, producer_id: int) -> bytes:
+    return sub.key(keys.PRODUCER, producer_id)
+
+
+def decode_producer(producer_id: int, raw: bytes | None) -> ProducerIdentity | None:
     if raw is None:
         return None
     epoch, transactional_id = keys.unpack_value(raw)
@@ -62,7 +71,18 @@ def put_producer(tr: Transaction, sub: keys.Subspace, producer: ProducerIdentity
 def load_partition_state(
     tr: ReadTransaction, sub: keys.Subspace, producer_id: int, topic_id: bytes, partition: int
 ) -> PartitionProducerState | None:
-    raw = tr.get(sub.key(keys.PRODUCER_STATE, topic_id, partition, producer_id))
+    return decode_partition_state(
+        tr.get(partition_state_key(sub, producer_id, topic_id, partition))
+    )
+
+
+def partition_state_key(
+    sub: keys.Subspace, producer_id: int, topic_id: bytes, partition: int
+) -> bytes:
+    return sub.key(keys.PRODUCER_STATE, topic_id, partition, producer_id)
+
+
+def decode_partition_state(raw: bytes | None) -> PartitionProducerState | None:
     if raw is None:
         return None
     epoch, batches = keys.unpack_value(raw)
@@ -77,8 +97,19 @@ def store_partition_state(
     partition: int,
     state: PartitionProducerState,
 ) -> None:
-    tr.set(
-        sub.key(keys.PRODUCER_STATE, topic_id, partition, producer_id),
+    tr.set(*partition_state_row(sub, producer_id, topic_id, partition, state))
+
+
+def partition_state_row(
+    sub: keys.Subspace,
+    producer_id: int,
+    topic_id: bytes,
+    partition: int,
+    state: PartitionProducerState,
+) -> tuple[bytes, bytes]:
+    """The key and value `store_partition_state` writes."""
+    return (
+        partition_state_key(sub, producer_id, topic_id, partition),
         keys.pack_value((state.epoch, tuple(state.batches[-MAX_CACHED_BATCHES:]))),
     )
 
@@ -134,7 +165,11 @@ def check_batch(
 
 
 def record_append(
-    state: PartitionProducerState | None, epoch: int, first_seq: int, last_seq: int, base_offset: int
+    state: PartitionProducerState | None,
+    epoch: int,
+    first_seq: int,
+    last_seq: int,
+    base_offset: int,
 ) -> PartitionProducerState:
     if state is None or state.epoch != epoch:
         state = PartitionProducerState(epoch)
@@ -153,6 +188,11 @@ def partition_producers(
         producer_id = int(sub.unpack(key)[3])
         epoch, batches = keys.unpack_value(value)
         out.append(
-            (producer_id, PartitionProducerState(int(epoch), [(int(f), int(la), int(b)) for f, la, b in batches]))
+            (
+                producer_id,
+                PartitionProducerState(
+                    int(epoch), [(int(f), int(la), int(b)) for f, la, b in batches]
+                ),
+            )
         )
     return out

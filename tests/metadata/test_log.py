@@ -297,3 +297,43 @@ def test_after_a_refused_first_batch_a_later_one_must_wait_for_its_retry(kv, top
         (ErrorCode.none, 0),
         (ErrorCode.none, 2),
     ]
+
+
+def _statements_of_an_ingest_commit(kv, partitions: int) -> int:
+    """SQLite statements of the commit of one file holding a batch of each of two
+    idempotent producers in each of `partitions` partitions (and their second ones)."""
+    topic = kv.transact_sync(
+        lambda tr: topics.create_topic(
+            tr, SUB, f"t{partitions}", uuid.uuid4().bytes, partitions, {}, 0
+        )
+    )
+    pids = [new_producer(kv), new_producer(kv)]
+
+    def batches(seq: int) -> list[log.PendingBatch]:
+        return [
+            batch(topic, p, 100 * (2 * p + k), 1, pid=pid, epoch=0, seq=seq)
+            for p in range(partitions)
+            for k, pid in enumerate(pids)
+        ]
+
+    commit(kv, batches(0), key=f"first-{partitions}")  # the producers' states exist
+
+    def fn(tr) -> int:
+        count = [0]
+        tr._conn.set_trace_callback(lambda _sql: count.__setitem__(0, count[0] + 1))
+        try:
+            results = log.commit_ingest(tr, SUB, f"second-{partitions}", 10_000, 5, batches(1))
+            tr._before_commit()  # the tallies, as the commit writes them
+        finally:
+            tr._conn.set_trace_callback(None)
+        assert [r.base_offset for r in results] == [2, 3] * partitions
+        return count[0]
+
+    return kv.transact_sync(fn)
+
+
+def test_an_ingest_commits_statements_do_not_grow_with_its_partitions(kv):
+    """Each SQLite statement gives up the GIL and waits to take it back, a wait a busy
+    event loop makes long: the produce commit reads its partitions' and producers'
+    records in one batch and writes its entries and states in another."""
+    assert _statements_of_an_ingest_commit(kv, 4) == _statements_of_an_ingest_commit(kv, 32)
