@@ -89,6 +89,13 @@ _CLEAR_MANY = "DELETE FROM kv WHERE key IN ({})"
 _CLEAR_RANGES = "DELETE FROM kv WHERE {}"
 _RANGE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key LIMIT ?"
 _RANGE_REVERSE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key DESC LIMIT ?"
+# The rows of a query of (key, value) as one row of two texts, the keys' and the values'
+# hex, comma-separated, in the same order (NULL, NULL for none). A cursor gives up the
+# GIL for every row it steps to and waits to take it back, a wait a busy event loop on
+# another thread makes long: one row is one wait, however many pairs it holds.
+_AS_ONE_ROW = "SELECT group_concat(hex(key)), group_concat(hex(value)) FROM ({})"
+# Pairs read as one row at most (a page of a longer range is another statement).
+_PAGE = 4096
 
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
@@ -180,9 +187,22 @@ class _ReadTx:
             _check_key(key)
         for at in range(0, len(unique), MANY):
             part = unique[at : at + MANY]
-            sql = _GET_MANY.format(",".join("?" * len(part)))
-            found.update(self._execute(sql, tuple(part)).fetchall())
+            found.update(self._pairs(_GET_MANY.format(",".join("?" * len(part))), tuple(part)))
         return [found.get(key) for key in keys]
+
+    def _pairs(self, sql: str, params: tuple[object, ...]) -> list[tuple[bytes, bytes]]:
+        """The (key, value) rows of `sql`, read as one row (`_AS_ONE_ROW`), in no
+        particular order."""
+        keys_hex, values_hex = self._execute(_AS_ONE_ROW.format(sql), params).fetchone()
+        if keys_hex is None:
+            return []
+        return list(
+            zip(
+                map(bytes.fromhex, keys_hex.split(",")),
+                map(bytes.fromhex, values_hex.split(",")),
+                strict=True,
+            )
+        )
 
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
@@ -194,13 +214,23 @@ class _ReadTx:
             raise ValueError("limit must be >= 0 (0 means no limit)")
         if begin >= end:
             return []
-        # SQLite reads LIMIT -1 as "no limit".
-        # Keys and values are stored as BLOBs, which sqlite3 answers as bytes: the rows
-        # are the pairs already.
-        rows: list[tuple[bytes, bytes]] = self._execute(
-            _RANGE_REVERSE if reverse else _RANGE, (begin, end, limit or -1)
-        ).fetchall()
-        return rows
+        sql = _RANGE_REVERSE if reverse else _RANGE
+        if limit == 1:  # one row either way: the plain query costs less
+            # Keys and values are stored as BLOBs, which sqlite3 answers as bytes.
+            rows: list[tuple[bytes, bytes]] = self._execute(sql, (begin, end, 1)).fetchall()
+            return rows
+        rows = []
+        while True:
+            want = _PAGE if limit == 0 else min(_PAGE, limit - len(rows))
+            page = self._pairs(sql, (begin, end, want))
+            page.sort(reverse=reverse)  # keys are unique: the pairs sort by key
+            rows += page
+            if len(page) < want or len(rows) == limit:
+                return rows
+            if reverse:
+                end = page[-1][0]
+            else:
+                begin = page[-1][0] + b"\x00"
 
 
 class _Tx(_ReadTx):

@@ -8,6 +8,7 @@ settings, lock retries, connection pool), which are not parametrized.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from metadata import sqlite_kv
 from metadata import tuple_layer as kt
 from metadata.kv import (
     KV,
@@ -121,6 +123,38 @@ def test_get_range_bounds_order_and_limits(kv: KV) -> None:
     assert rng(b"g", b"z") == []
     pairs = kv.transact_sync(lambda tr: tr.get_range(b"a", b"b\x00"))
     assert pairs == [(b"a", b"A"), (b"b", b"B")]
+
+
+def test_long_ranges_and_odd_values_read_back_exactly(kv: KV) -> None:
+    """Ranges longer than a backend reads at once, and values of every shape: empty,
+    NUL and comma bytes, a key that is a prefix of the next, a value of 100 KB."""
+    rng = random.Random(7)
+    data = {b"k/%05d" % i: rng.randbytes(rng.randrange(0, 40)) for i in range(9_001)}
+    data[b"k/00010\x00"] = b""
+    data[b"k/00011,"] = b",\x00,"
+    data[b"k/00012"] = b"\xff" * 100_000
+    for at in range(0, len(data), 2_000):
+        _put(kv, dict(list(data.items())[at : at + 2_000]))
+    ordered = sorted(data.items())
+    begin, end = b"k/", b"k0"
+
+    def read(tr: ReadTransaction) -> list[Any]:
+        return [
+            tr.get_range(begin, end),
+            tr.get_range(begin, end, reverse=True),
+            tr.get_range(begin, end, limit=4_097),
+            tr.get_range(begin, end, limit=8_193, reverse=True),
+            tr.get_range(b"k/00005", b"k/00013", limit=5),
+            tr.get_many([b"k/00010\x00", b"k/00011,", b"k/00012", b"k/missing"]),
+        ]
+
+    whole, backwards, first, last, middle, some = kv.transact_sync(read)
+    assert whole == ordered
+    assert backwards == ordered[::-1]
+    assert first == ordered[:4_097]
+    assert last == ordered[::-1][:8_193]
+    assert [k for k, _ in middle] == [b"k/00005", b"k/00006", b"k/00007", b"k/00008", b"k/00009"]
+    assert some == [b"", b",\x00,", b"\xff" * 100_000, None]
 
 
 def test_clear_range(kv: KV) -> None:
@@ -788,6 +822,44 @@ def test_sqlite_writes_a_key_added_to_many_times_once(tmp_path: Path) -> None:
         assert decode_i64(_get(kv, b"bytes")) == 409600
         with pytest.raises(KVError):
             kv.transact_sync(lambda tr: tr).add(b"objects", 1)  # after its function
+    finally:
+        kv.close()
+
+
+def test_sqlite_reads_many_pairs_as_a_few_rows(tmp_path: Path, monkeypatch) -> None:
+    """A cursor gives up the GIL for each row it steps to and waits to take it back (a
+    long wait beside a busy event loop): a range or a batch of keys comes back from
+    SQLite as one row per page, not one row per pair. Rows counted as the cursors hand
+    them over."""
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k/%05d" % i: b"v%d" % i for i in range(9_000)})
+    rows = [0]
+    execute = sqlite_kv._ReadTx._execute
+
+    class Counting:
+        def __init__(self, cursor: sqlite3.Cursor) -> None:
+            self._cursor = cursor
+
+        def fetchone(self) -> Any:
+            row = self._cursor.fetchone()
+            rows[0] += row is not None
+            return row
+
+        def fetchall(self) -> list[Any]:
+            found = self._cursor.fetchall()
+            rows[0] += len(found)
+            return found
+
+    monkeypatch.setattr(sqlite_kv._ReadTx, "_execute", lambda self, *a: Counting(execute(self, *a)))
+
+    def read(tr: ReadTransaction) -> tuple[int, int]:
+        many = tr.get_many([b"k/%05d" % i for i in range(0, 9_000, 40)])
+        pairs = tr.get_range(b"k/", b"k0")
+        return len(pairs), sum(v is not None for v in many)
+
+    try:
+        assert kv.transact_sync(read) == (9_000, 225)
+        assert rows[0] <= 3 + 1  # three pages of the range, one batch of keys
     finally:
         kv.close()
 
