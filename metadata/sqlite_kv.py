@@ -94,8 +94,10 @@ _RANGE_REVERSE = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY 
 # GIL for every row it steps to and waits to take it back, a wait a busy event loop on
 # another thread makes long: one row is one wait, however many pairs it holds.
 _AS_ONE_ROW = "SELECT group_concat(hex(key)), group_concat(hex(value)) FROM ({})"
-# Pairs read as one row at most (a page of a longer range is another statement).
-_PAGE = 4096
+# Pairs read as one row at most (a page of a longer range is another statement). The
+# row holds twice the page's bytes as text, under SQLite's limit of 1 GB for a string
+# while values stay within FoundationDB's 100,000 bytes, as the layers keep them.
+_PAGE = 1024
 
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
