@@ -103,6 +103,14 @@ def _spin(done: threading.Event) -> None:
             total += i
 
 
+def busy_thread(on: bool) -> threading.Event:
+    """With `on`, a daemon thread spinning in Python (`_spin`) until the event is set."""
+    done = threading.Event()
+    if on:
+        threading.Thread(target=_spin, args=(done,), daemon=True).start()
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=int, default=32)
@@ -110,9 +118,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--busy", action="store_true", help="a thread running Python beside")
     args = parser.parse_args()
-    done = threading.Event()
-    if args.busy:
-        threading.Thread(target=_spin, args=(done,), daemon=True).start()
+    done = busy_thread(args.busy)
     with tempfile.TemporaryDirectory() as folder:
         kv = SQLiteKV(str(Path(folder) / "metadata.db"))
         kv.transact_sync(lambda tr: tr.set(SUB.key(keys.TOPIC, TOPIC_ID), keys.pack_value(("t",))))

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from commit_step import busy_thread
 
 from metadata import cluster, keys, log, producers, topics
 from metadata.sqlite_kv import SQLiteKV
@@ -59,14 +60,6 @@ def one_round(
     return wall, cpu
 
 
-def _spin(done: threading.Event) -> None:
-    """Python bytecode without pause until done (no system call gives the GIL up)."""
-    total = 0
-    while not done.is_set():
-        for i in range(10_000):
-            total += i
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", type=int, default=4)
@@ -74,9 +67,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--busy", action="store_true", help="a thread running Python beside")
     args = parser.parse_args()
-    done = threading.Event()
-    if args.busy:
-        threading.Thread(target=_spin, args=(done,), daemon=True).start()
+    done = busy_thread(args.busy)
     with tempfile.TemporaryDirectory() as folder:
         kv = SQLiteKV(str(Path(folder) / "metadata.db"))
         topic = kv.transact_sync(
