@@ -834,9 +834,10 @@ def commit_prepared(
     tally(tr, sub, "chunk_entries", len(prepared.outputs) - len(plan.entries))
     if plan.level == L1:
         _add_level_one(tr, sub, prepared.checks, now_ms)
-    release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
     if plan.level == L2:
-        _took_level_one(tr, sub, prepared)
+        _took_level_one(tr, sub, prepared, node_id)
+    else:
+        release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
     return JobResult(True)
 
 
@@ -878,8 +879,12 @@ def _add_level_one(
     tr.set_many(writes)
 
 
-def _took_level_one(tr: Transaction, sub: keys.Subspace, prepared: PreparedCommit) -> None:
-    """A level-2 job committed: each of its partitions' rows loses the run it took."""
+def _took_level_one(
+    tr: Transaction, sub: keys.Subspace, prepared: PreparedCommit, node_id: int
+) -> None:
+    """A level-2 job committed: each of its partitions' rows loses the run it took, and
+    the rows it claimed are unclaimed (what `release` does for a plan, in the same read
+    and write)."""
     runs = {(c.topic_id, c.partition): c.entries for c in prepared.checks}
     claimed = prepared.plan.level_one_rows
     row_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _created_ms in claimed]
@@ -887,16 +892,20 @@ def _took_level_one(tr: Transaction, sub: keys.Subspace, prepared: PreparedCommi
     for (topic_id, partition, last_created_ms), row_key, raw in zip(
         claimed, row_keys, tr.get_many(row_keys), strict=True
     ):
-        entries = runs.get((topic_id, partition))
-        if raw is None or not entries:
+        if raw is None:
             continue
         old = _L1Row.unpack(raw)
+        entries = runs.get((topic_id, partition))
+        if not entries:
+            if old.node_id == node_id:
+                writes.append((row_key, old.unclaimed().pack()))
+            continue
         first, oldest = old.first_offset, old.oldest_ms
         if first >= entries[0].base_offset:  # no level-1 entries before the run came
             first = entries[-1].last_offset + 1
             # What is left came in the run's last object or after it.
             oldest = max(oldest, last_created_ms)
-        row = _L1Row(
+        row = _L1Row(  # unclaimed
             old.size - sum(e.length for e in entries),
             old.objects - len({e.object_key for e in entries}),
             first,

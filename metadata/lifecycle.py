@@ -204,18 +204,6 @@ def known_objects(tr: ReadTransaction, sub: keys.Subspace, object_keys: list[str
 # -- chunk entries ------------------------------------------------------------------------
 
 
-def drop_entry(
-    tr: Transaction,
-    sub: keys.Subspace,
-    topic_id: bytes,
-    partition: int,
-    entry: ChunkEntry,
-    now_ms: int,
-    delete_delay_ms: int,
-) -> None:
-    drop_entries(tr, sub, topic_id, [(partition, entry)], now_ms, delete_delay_ms)
-
-
 def drop_entries(
     tr: Transaction,
     sub: keys.Subspace,
@@ -224,8 +212,8 @@ def drop_entries(
     now_ms: int,
     delete_delay_ms: int,
 ) -> None:
-    """`drop_entry` of each (partition, entry) of the topic: the entries cleared together,
-    their objects counted down together."""
+    """Remove each (partition, entry) of the topic and its copy in the reverse index,
+    all together, and count their objects down together."""
     tr.clear_many([key for p, e in dropped for key in entry_keys(sub, topic_id, p, e)])
     tally(tr, sub, "chunk_entries", -len(dropped))
     counts = Counter(e.object_key for _p, e in dropped)

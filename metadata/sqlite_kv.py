@@ -99,6 +99,12 @@ _AS_ONE_ROW = "SELECT group_concat(hex(key)), group_concat(hex(value)) FROM ({})
 # while values stay within FoundationDB's 100,000 bytes, as the layers keep them.
 _PAGE = 1024
 
+
+def _parts(items: Sequence[T]) -> list[Sequence[T]]:
+    """Items in slices of `MANY`, one batched statement each."""
+    return [items[at : at + MANY] for at in range(0, len(items), MANY)]
+
+
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
 
@@ -187,8 +193,7 @@ class _ReadTx:
         unique = list(dict.fromkeys(keys))
         for key in unique:
             _check_key(key)
-        for at in range(0, len(unique), MANY):
-            part = unique[at : at + MANY]
+        for part in _parts(unique):
             found.update(self._pairs(_GET_MANY.format(",".join("?" * len(part))), tuple(part)))
         return [found.get(key) for key in keys]
 
@@ -252,20 +257,17 @@ class _Tx(_ReadTx):
 
     def get(self, key: bytes) -> bytes | None:
         if key in self._adds:
-            self._apply(key)
+            self._apply_many((key,))
         return super().get(key)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        for key in keys:
-            if key in self._adds:
-                self._apply(key)
+        self._apply_many(keys)
         return super().get_many(keys)
 
     def get_range(
         self, begin: bytes, end: bytes, *, limit: int = 0, reverse: bool = False
     ) -> list[tuple[bytes, bytes]]:
-        for key in self._pending_in(begin, end):
-            self._apply(key)
+        self._apply_many(self._pending_in(begin, end))
         return super().get_range(begin, end, limit=limit, reverse=reverse)
 
     def set(self, key: bytes, value: bytes) -> None:
@@ -298,9 +300,7 @@ class _Tx(_ReadTx):
                 raise TypeError(f"values must be bytes, not {type(value).__name__}")
             self._adds.pop(key, None)
             last[key] = value
-        pairs = list(last.items())
-        for at in range(0, len(pairs), MANY):
-            part = pairs[at : at + MANY]
+        for part in _parts(list(last.items())):
             sql = _SET_MANY.format(",".join(["(?, ?)"] * len(part)))
             self._execute(sql, tuple(item for pair in part for item in pair))
 
@@ -309,8 +309,7 @@ class _Tx(_ReadTx):
         for key in unique:
             _check_key(key)
             self._adds.pop(key, None)
-        for at in range(0, len(unique), MANY):
-            part = unique[at : at + MANY]
+        for part in _parts(unique):
             self._execute(_CLEAR_MANY.format(",".join("?" * len(part))), tuple(part))
 
     def clear_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> None:
@@ -323,8 +322,7 @@ class _Tx(_ReadTx):
                 for key in self._pending_in(begin, end):
                     del self._adds[key]
                 wanted.append((begin, end))
-        for at in range(0, len(wanted), MANY):
-            part = wanted[at : at + MANY]
+        for part in _parts(wanted):
             sql = _CLEAR_RANGES.format(" OR ".join(["(key >= ? AND key < ?)"] * len(part)))
             self._execute(sql, tuple(bound for pair in part for bound in pair))
 
@@ -341,16 +339,12 @@ class _Tx(_ReadTx):
         """The keys with deltas not yet written, begin <= key < end."""
         return [k for k in self._adds if begin <= k < end]
 
-    def _apply(self, key: bytes) -> None:
-        delta = self._adds.pop(key)
-        self._execute(_SET, (key, _added(super().get(key), delta)))
-
-    def _before_commit(self) -> None:
-        """Write the deltas no read or write has applied yet: the keys read together
-        and written together."""
-        if not self._adds:
+    def _apply_many(self, keys: Sequence[bytes]) -> None:
+        """Write the deltas of those of the keys that have one: read together, written
+        together."""
+        pending = [(key, self._adds.pop(key)) for key in dict.fromkeys(keys) if key in self._adds]
+        if not pending:
             return
-        pending, self._adds = list(self._adds.items()), {}
         values = super().get_many([key for key, _delta in pending])
         self.set_many(
             [
@@ -358,6 +352,10 @@ class _Tx(_ReadTx):
                 for (key, delta), value in zip(pending, values, strict=True)
             ]
         )
+
+    def _before_commit(self) -> None:
+        """Write the deltas no read or write has applied yet."""
+        self._apply_many(list(self._adds))
 
 
 def _added(value: bytes | None, delta: int) -> bytes:
