@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 import threading
@@ -402,8 +403,30 @@ def requests_summary(report: dict[str, Any]) -> str:
     return text
 
 
-def _store_name(store: str) -> str:
-    return "moto's S3 server on 127.0.0.1" if store == "s3" else "local folder"
+def _store_name(store: str, data_fs: str | None = None) -> str:
+    if store == "s3":
+        return "moto's S3 server on 127.0.0.1"
+    return "local folder" + (f" on {data_fs}" if data_fs else "")
+
+
+def file_system(path: Path) -> str:
+    """The file system a path is on, as "TYPE (MOUNT POINT)", from /proc/mounts (the
+    agent's data folder follows TMPDIR: a folder on tmpfs takes the disk out of a run)."""
+    target = os.path.realpath(path)
+    best = ("", "?")
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) > len(best[0]):
+                    best = (point, fields[2])
+    except OSError:
+        return "?"
+    return f"{best[1]} ({best[0] or '?'})"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -421,7 +444,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Settings: {s['partitions']} partitions, retention.ms {s['retention_ms']}, "
         f"{s['rate_mb_s']:.1f} MB/s ({s['records_s']} records/s of {bench.RECORD_SIZE} B, "
         f"{rate_source}), {s['minutes']} minutes; "
-        f"store: {_store_name(s.get('store', 'local'))}; "
+        f"store: {_store_name(s.get('store', 'local'), s.get('data_fs'))}; "
         f"agent arguments: {' '.join(s['agent_args'])}",
         "",
         "| minute | MB in store | objects | chunk entries | metadata MB | agent CPU s "
@@ -561,6 +584,7 @@ def main() -> int:
         system = bench.Bucketlog(1, store_args + agent_args, env=bench.S3_CREDENTIALS)
     else:
         system = bench.Bucketlog(1, agent_args)
+    data_fs = file_system(system.dir)
     try:
         system.start()
         probe = "soak-probe"
@@ -626,6 +650,7 @@ def main() -> int:
             "warmup_s": args.warmup_s,
             "agent_args": agent_args,
             "store": args.store,
+            "data_fs": data_fs,
         },
         "produce_started_monotonic": produce_started,
         "produce_runs": runs,
