@@ -342,6 +342,8 @@ class _Tx(_ReadTx):
     def _apply_many(self, keys: Sequence[bytes]) -> None:
         """Write the deltas of those of the keys that have one: read together, written
         together."""
+        if not self._adds:  # the common case: no pass over the keys
+            return
         pending = [(key, self._adds.pop(key)) for key in dict.fromkeys(keys) if key in self._adds]
         if not pending:
             return
