@@ -235,6 +235,10 @@ class _ReadView:
 
         return self._call(op)
 
+    def get_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
+        """`get_range` of each range in turn."""
+        return [self.get_range(begin, end) for begin, end in ranges]
+
 
 class _WriteView(_ReadView):
     """A read-write `Transaction`: its writes are visible to its own later reads."""

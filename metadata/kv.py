@@ -61,6 +61,11 @@ class ReadTransaction(Protocol):
         """Pairs with begin <= key < end, in key order (descending if reverse); limit 0 = all."""
         ...
 
+    def get_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
+        """`get_range` of each (begin, end), whole, in the ranges' order: for ranges that
+        hold few pairs together (a compaction job's entries), read at once."""
+        ...
+
 
 class Transaction(ReadTransaction, Protocol):
     def set(self, key: bytes, value: bytes) -> None: ...

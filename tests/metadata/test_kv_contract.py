@@ -206,6 +206,49 @@ def test_batched_calls_do_what_one_key_at_a_time_does(kv: KV) -> None:
     assert anyio.run(lambda: kv.read(lambda tr: tr.get_many([b"a", b"zz"]))) == [b"11", None]
 
 
+def test_get_ranges_reads_what_a_get_range_of_each_reads(kv: KV) -> None:
+    rng = random.Random(11)
+    data = {b"g/%04d" % i: rng.randbytes(rng.randrange(0, 20)) for i in range(0, 3_000, 3)}
+    data[b"g/0003\x00"] = b",\x00"  # a key that another key is a prefix of
+    _put(kv, data)
+    ranges = [(b"g/%04d" % i, b"g/%04d" % (i + 5)) for i in range(0, 3_000, 7)]  # > MANY
+    ranges += [
+        (b"g/0003", b"g/0004"),
+        (b"g/0000", b"g/0030"),  # overlaps the ones before
+        (b"g/0010", b"g/0005"),  # inverted: nothing
+        (b"h", b"h"),  # empty
+        (b"x", b"y"),  # no keys
+        (b"", b"\xff"),  # everything
+    ]
+    assert len(ranges) > MANY
+
+    def read(tr: ReadTransaction) -> tuple[Any, Any]:
+        return tr.get_ranges(ranges), [tr.get_range(b, e) for b, e in ranges]
+
+    batched, each = kv.transact_sync(read)
+    assert batched == each
+    assert batched[-1] == sorted(data.items())
+    assert batched[-3:-1] == [[], []] and batched[-4] == []
+    assert anyio.run(lambda: kv.read(lambda tr: tr.get_ranges(ranges))) == each
+    assert kv.transact_sync(lambda tr: tr.get_ranges([])) == []
+
+    def after_writes(tr: Transaction) -> Any:
+        tr.set(b"g/0001", b"new")
+        tr.clear(b"g/0003")
+        tr.add(b"g/0002", 7)  # a pending add is read as its sum
+        return tr.get_ranges([(b"g/0000", b"g/0004"), (b"g/0002", b"g/0003")])
+
+    assert kv.transact_sync(after_writes) == [
+        [
+            (b"g/0000", data[b"g/0000"]),
+            (b"g/0001", b"new"),
+            (b"g/0002", encode_i64(7)),
+            (b"g/0003\x00", b",\x00"),
+        ],
+        [(b"g/0002", encode_i64(7))],
+    ]
+
+
 def test_atomic_add(kv: KV) -> None:
     kv.transact_sync(lambda tr: tr.add(b"n", 5))  # a missing key counts as 0
     assert _get(kv, b"n") == encode_i64(5)
@@ -861,6 +904,31 @@ def test_sqlite_reads_many_pairs_as_a_few_rows(tmp_path: Path, monkeypatch) -> N
         assert kv.transact_sync(read) == (9_000, 225)
         pages = -(-9_000 // sqlite_kv._PAGE)
         assert rows[0] <= pages + 1  # a row per page of the range, one for the keys
+    finally:
+        kv.close()
+
+
+def test_sqlite_reads_many_ranges_with_one_statement_per_many(tmp_path: Path, monkeypatch) -> None:
+    """Every statement gives up the GIL and waits to take it back: `get_ranges` reads up
+    to MANY ranges with one (a compaction commit compares one range per partition of
+    its job)."""
+    kv = SQLiteKV(tmp_path / "kv.db")
+    _put(kv, {b"k/%05d" % i: b"v%d" % i for i in range(2_000)})
+    statements: list[str] = []
+    execute = sqlite_kv._ReadTx._execute
+
+    def counting(self: Any, sql: str, params: tuple[object, ...]) -> sqlite3.Cursor:
+        statements.append(sql)
+        return execute(self, sql, params)
+
+    monkeypatch.setattr(sqlite_kv._ReadTx, "_execute", counting)
+    ranges = [(b"k/%05d" % i, b"k/%05d" % (i + 3)) for i in range(0, 2_000, 5)]  # 400
+    try:
+        found = kv.read_sync(lambda tr: tr.get_ranges(ranges))
+        assert len(statements) == 2  # 256 ranges, then 144
+        assert found == [
+            [(b"k/%05d" % j, b"v%d" % j) for j in range(i, i + 3)] for i in range(0, 2_000, 5)
+        ]
     finally:
         kv.close()
 
