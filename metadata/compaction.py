@@ -46,14 +46,15 @@ Rules:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from metadata import keys
 from metadata.kv import ReadTransaction, Transaction
-from metadata.lifecycle import ObjectRecord, get_object, put_object, tally, unreference_many
+from metadata.lifecycle import ObjectRecord, get_objects, put_object, tally, unreference_many
 from metadata.log import (
     ChunkEntry,
     entry_keys,
@@ -68,6 +69,7 @@ L1 = 1
 L2 = 2
 NOBODY = -1  # the node id of an unclaimed row
 SCAN = 256  # queue rows (or entries) one plan looks at, at most
+RECORDS_AHEAD = 32  # entries of a level-2 plan whose objects' records are read together
 PASSED_OVER = 8  # runs inside one object a level-2 plan passes over, at most
 
 
@@ -236,20 +238,23 @@ def claim_l1(
     """Claim what `select_l1` chose and drop the rows it dropped, each only if its row is
     still unclaimed (another agent may have planned it since); the plan, or None when
     there is nothing to claim or another agent claimed one of the objects first."""
-    for created, object_key in selection.dropped:
-        row_key = sub.key(keys.L0_OBJECT, created, object_key)
-        raw = tr.get(row_key)
-        if raw is not None and not _claimed(keys.unpack_value(raw), now_ms):
-            tr.clear(row_key)
+    dropped = [sub.key(keys.L0_OBJECT, created, key) for created, key in selection.dropped]
+    row_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key, _ in selection.chosen]
+    found = tr.get_many(dropped + row_keys)  # read together, written together
+    tr.clear_many(
+        [
+            row_key
+            for row_key, raw in zip(dropped, found[: len(dropped)], strict=True)
+            if raw is not None and not _claimed(keys.unpack_value(raw), now_ms)
+        ]
+    )
     if not selection.chosen:
         return None
-    row_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key, _ in selection.chosen]
-    for row_key in row_keys:
-        raw = tr.get(row_key)
+    for raw in found[len(dropped) :]:
         if raw is None or _claimed(keys.unpack_value(raw), now_ms):
             return None  # planned meanwhile: the next plan reads again
-    for row_key in row_keys:
-        tr.set(row_key, _claim(node_id, now_ms, lease_ms))
+    claim = _claim(node_id, now_ms, lease_ms)
+    tr.set_many([(row_key, claim) for row_key in row_keys])
     return Plan(
         L1,
         _sorted([e for _c, _k, found in selection.chosen for e in found]),
@@ -339,19 +344,18 @@ def _level_one_run(
     first_offset: int,
     limits: Limits,
     max_span_ms: int | None,
+    records: dict[str, ObjectRecord | None],
 ) -> _Run:
     """The first run of consecutive entries in level-1 objects from first_offset on,
-    within the limits and, by their timestamps, max_span_ms."""
-    records: dict[str, ObjectRecord | None] = {}
+    within the limits and, by their timestamps, max_span_ms. `records` holds the objects'
+    records read so far by the plan (the partitions of a job share their objects)."""
     run: list[ChunkEntry] = []
     run_bytes = 0
     objects: set[str] = set()
     lowest_ts = highest_ts = 0
     skipped = 0
-    for entry in iter_entries(tr, sub, topic_id, partition, first_offset, SCAN):
+    for entry in _with_records(tr, sub, topic_id, partition, first_offset, records):
         key = entry.object_key
-        if key not in records:
-            records[key] = get_object(tr, sub, key)
         record = records[key]
         if record is None or record.level != L1:
             if run:
@@ -378,6 +382,25 @@ def _level_one_run(
         lowest_ts = min(lowest_ts, entry.max_timestamp)
         highest_ts = max(highest_ts, entry.max_timestamp)
     return _run(run, False, records)
+
+
+def _with_records(
+    tr: ReadTransaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    first_offset: int,
+    records: dict[str, ObjectRecord | None],
+) -> Iterator[ChunkEntry]:
+    """The partition's entries from first_offset on, each with its object's record in
+    `records` by the time it comes: the records of the next RECORDS_AHEAD entries' objects
+    are read together (a read each would give up SQLite's thread's GIL each time, under
+    the writer lock)."""
+    entries = iter_entries(tr, sub, topic_id, partition, first_offset, SCAN)
+    while ahead := list(islice(entries, RECORDS_AHEAD)):
+        unknown = list(dict.fromkeys(e.object_key for e in ahead if e.object_key not in records))
+        records.update(zip(unknown, get_objects(tr, sub, unknown), strict=True))
+        yield from ahead
 
 
 def _run(run: list[ChunkEntry], ended: bool, records: Mapping[str, ObjectRecord | None]) -> _Run:
@@ -467,17 +490,23 @@ def _plan_l2_in(
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
-        run = _first_run(tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span)
+        records: dict[str, ObjectRecord | None] = {}
+        run = _first_run(
+            tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span, records
+        )
         if run is None:
             continue
         group = [(row_key, row, topic_id, partition, run)]
         for next_key, next_value in rows[index + 1 :]:
-            joined = _joining(tr, sub, next_key, next_value, group, now_ms, limits, wait_ms, span)
+            joined = _joining(
+                tr, sub, next_key, next_value, group, now_ms, limits, wait_ms, span, records
+            )
             if joined is None:
                 break
             group.append(joined)
         entries: list[JobEntry] = []
         claimed_rows = []
+        claims = []
         for key, member, member_topic, member_partition, member_run in group:
             first = member_run.entries[0]
             claimed = replace(
@@ -486,9 +515,10 @@ def _plan_l2_in(
                 node_id=node_id,
                 expires_ms=now_ms + lease_ms,
             )
-            tr.set(key, claimed.pack())
+            claims.append((key, claimed.pack()))
             entries += (JobEntry(member_topic, member_partition, e) for e in member_run.entries)
             claimed_rows.append((member_topic, member_partition, member_run.last_created_ms))
+        tr.set_many(claims)
         return Plan(L2, tuple(entries), level_one_rows=tuple(claimed_rows))
     return None
 
@@ -504,12 +534,13 @@ def _first_run(
     limits: Limits,
     wait_ms: int,
     span: int | None,
+    records: dict[str, ObjectRecord | None],
 ) -> _Run | None:
     """The due partition's first run of two objects at least; None when it has none now
     (runs inside one object are passed over, and the row is brought up to date)."""
     offset = row.first_offset
     for _ in range(PASSED_OVER):
-        run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span)
+        run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span, records)
         if not run.entries:
             tr.clear(row_key)  # nothing (left) in level 1: the row was stale
             return None
@@ -550,6 +581,7 @@ def _joining(
     limits: Limits,
     wait_ms: int,
     span: int | None,
+    records: dict[str, ObjectRecord | None],
 ) -> tuple[bytes, _L1Row, bytes, int, _Run] | None:
     """The next row's partition with its run, if it joins the group's job: the next
     partition of the same topic, unclaimed and due, with a run of two objects at least
@@ -561,7 +593,9 @@ def _joining(
     row = _L1Row.unpack(value)
     if (row.node_id != NOBODY and row.expires_ms > now_ms) or not row.due(now_ms, limits, wait_ms):
         return None
-    run = _level_one_run(tr, sub, topic_id, int(row_partition), row.first_offset, limits, span)
+    run = _level_one_run(
+        tr, sub, topic_id, int(row_partition), row.first_offset, limits, span, records
+    )
     if len({e.object_key for e in run.entries}) < 2:
         return None  # left to a plan of its own
     runs = [member[4] for member in group] + [run]
@@ -741,11 +775,13 @@ def _changed(
     partitions whose input entries are all the entries between their first and last."""
     topics: dict[bytes, bool] = {}
     alone: set[tuple[bytes, int]] = set()
-    for check in prepared.checks:
+    # Every partition's range in one read (a job holds at most max_entries entries).
+    stored = tr.get_ranges([(check.begin, check.end) for check in prepared.checks])
+    for check, pairs in zip(prepared.checks, stored, strict=True):
         if not _topic_exists(tr, sub, topics, check.topic_id):
             return f"topic {check.topic_id.hex()} was deleted", alone
         # Compared as stored, without decoding (thousands of entries, a commit's time).
-        found = dict(tr.get_range(check.begin, check.end))
+        found = dict(pairs)
         if found == check.expected:  # these entries, and none between them
             alone.add((check.topic_id, check.partition))
             continue

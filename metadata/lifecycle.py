@@ -97,6 +97,14 @@ def get_object(tr: ReadTransaction, sub: keys.Subspace, object_key: str) -> Obje
     return _decode_object(tr.get(sub.key(keys.OBJECT, object_key)))
 
 
+def get_objects(
+    tr: ReadTransaction, sub: keys.Subspace, object_keys: Sequence[str]
+) -> list[ObjectRecord | None]:
+    """`get_object` of each key, read together."""
+    raws = tr.get_many([sub.key(keys.OBJECT, object_key) for object_key in object_keys])
+    return [_decode_object(raw) for raw in raws]
+
+
 def _decode_object(raw: bytes | None) -> ObjectRecord | None:
     if raw is None:
         return None

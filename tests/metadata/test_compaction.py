@@ -237,40 +237,60 @@ def test_a_level_one_plan_carries_each_entry_as_stored(kv):
     assert _commit(kv, plan, "L1").committed
 
 
-def _statements_of_a_level_one_commit(tmp_path: Path, files: int) -> int:
-    """SQLite statements a level-1 commit of `files` ingest files of 4 partitions runs."""
-    kv = SQLiteKV(tmp_path / f"{files}.db")
+def _counted(tr, fn):
+    """fn(tr) and the SQLite statements it ran (the tallies' writes included)."""
+    count = [0]
+    tr._conn.set_trace_callback(lambda _sql: count.__setitem__(0, count[0] + 1))
     try:
-        topic = _topic(kv, partitions=4)
+        result = fn(tr)
+        tr._before_commit()  # the tallies, as the commit writes them
+    finally:
+        tr._conn.set_trace_callback(None)
+    return result, count[0]
+
+
+def _statements_of_a_level_one_job(
+    tmp_path: Path, files: int, partitions: int = 4, per_file: int = 4
+) -> tuple[int, int]:
+    """SQLite statements of a level-1 job's claim and of its commit, over `files` ingest
+    files of `per_file` partitions each (the next ones of the topic's `partitions` in
+    turn)."""
+    kv = SQLiteKV(tmp_path / f"{files}-{partitions}-{per_file}.db")
+    try:
+        topic = _topic(kv, partitions=partitions)
         for i in range(files):
-            _append(kv, topic, f"f{i:03d}", {p: [(1, 10)] for p in range(4)})
-        plan = _plan_l1(kv)
+            chosen = [(i * per_file + j) % partitions for j in range(per_file)]
+            _append(kv, topic, f"f{i:03d}", {p: [(1, 10)] for p in chosen})
+        limits = Limits()
+        selection = kv.read_sync(lambda tr: compaction.select_l1(tr, SUB, NOW, 0, limits))
+        plan, claimed = kv.transact_sync(
+            lambda tr: _counted(
+                tr, lambda tr: compaction.claim_l1(tr, SUB, selection, 1, NOW, LEASE)
+            )
+        )
         assert len(plan.input_keys) == files
+        assert len(plan.partitions()) == min(partitions, files * per_file)
         prepared = compaction.prepare_commit(SUB, plan, "L1", 1000, _outputs(plan, "L1"))
-
-        def fn(tr) -> int:
-            count = [0]
-            tr._conn.set_trace_callback(lambda _sql: count.__setitem__(0, count[0] + 1))
-            try:
-                result = compaction.commit_prepared(tr, SUB, prepared, 1, NOW, DELAY)
-                tr._before_commit()  # the tallies, as the commit writes them
-            finally:
-                tr._conn.set_trace_callback(None)
-            assert result.committed
-            return count[0]
-
-        return kv.transact_sync(fn)
+        result, committed = kv.transact_sync(
+            lambda tr: _counted(
+                tr, lambda tr: compaction.commit_prepared(tr, SUB, prepared, 1, NOW, DELAY)
+            )
+        )
+        assert result.committed
+        return claimed, committed
     finally:
         kv.close()
 
 
-def test_a_level_one_commits_statements_do_not_grow_with_its_inputs(tmp_path):
+def test_a_level_one_jobs_statements_grow_with_neither_its_inputs_nor_its_partitions(tmp_path):
     """Each SQLite statement gives up the GIL and waits to take it back (long, beside a
-    busy event loop): the commit reads and writes its inputs' records, queue rows and
-    reverse index a batch at a time, not one statement each."""
-    assert _statements_of_a_level_one_commit(tmp_path, 4) == _statements_of_a_level_one_commit(
-        tmp_path, 32
-    )
+    busy event loop): the claim and the commit read and write their inputs' queue rows,
+    records and reverse index, and the commit compares its partitions' entries, a batch
+    at a time, not one statement each."""
+    few = _statements_of_a_level_one_job(tmp_path, 4)
+    assert _statements_of_a_level_one_job(tmp_path, 32) == few
+    # As a soak's flushes do: two partitions of 64 in each file.
+    assert _statements_of_a_level_one_job(tmp_path, 32, partitions=64, per_file=2) == few
 
 
 def test_a_commit_leaves_the_entries_between_its_inputs_alone(kv):
@@ -427,6 +447,32 @@ def test_the_next_due_partitions_of_a_topic_join_a_level_two_job_while_it_fits(k
         lambda tr: [log.partition_end_in_object(tr, SUB, "z", tid, p) for p in range(3)]
     )
     assert ends == [HEADER + 400, HEADER + 800, None]
+
+
+def test_a_level_two_plan_reads_its_objects_records_together_and_once(kv):
+    """The plan runs under SQLite's writer lock: a read per entry's object, for every
+    partition that joins, gave up the GIL and waited to take it back each time."""
+    _partitions_in_two_level_one_objects(kv, 8)
+    object_reads: list[list[bytes]] = []
+
+    class Counting(_Noting):
+        def get(self, key):
+            if key.startswith(SUB.key(keys.OBJECT)):
+                object_reads.append([key])
+            return self._tr.get(key)
+
+        def get_many(self, wanted):
+            if any(key.startswith(SUB.key(keys.OBJECT)) for key in wanted):
+                object_reads.append(list(wanted))
+            return self._tr.get_many(wanted)
+
+    plan = kv.transact_sync(
+        lambda tr: compaction.plan_l2(
+            Counting(tr, []), SUB, 1, NOW, Limits(l2_max_inputs=2), LEASE, max_wait_ms=NEVER
+        )
+    )
+    assert [p for _t, p, _e in plan.partitions()] == list(range(8))
+    assert object_reads == [[SUB.key(keys.OBJECT, "x"), SUB.key(keys.OBJECT, "y")]]
 
 
 def test_a_partition_joins_a_level_two_job_only_next_to_it_and_due(kv):
