@@ -1,7 +1,10 @@
 """Time under SQLite's writer lock of one level-1 compaction commit: `--inputs` ingest
 files of `--partitions` partitions each (one chunk entry per partition and file; 64, as
 the flushes of an object store hold; a local folder's flushes hold a few) re-pointed to
-one output, on a metadata file that holds the earlier rounds' entries too. Medians of
+one output, on a metadata file that holds the earlier rounds' entries too. With
+`--spread`, the topic has that many partitions and each file holds the next ones in
+turn (a soak's flushes: `--partitions 2 --spread 64`), so that a job's entries lie in
+many partitions. Medians of
 `--rounds` rounds after two, in milliseconds: the transaction's wall time and its
 thread's CPU time; and, where the tree has it, the CPU of preparing the commit before
 the transaction (`metadata.compaction.prepare_commit`). With `--busy`, a thread runs
