@@ -552,6 +552,7 @@ def main() -> int:
     if args.render:
         source = Path(args.render)
         report = json.loads(source.read_text())
+        report["png"] = source.with_suffix(".png").name  # the report may have been renamed
         plot(report, source.with_suffix(".png"))
         source.with_suffix(".md").write_text(markdown(report))
         return 0
