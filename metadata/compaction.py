@@ -477,6 +477,7 @@ def _plan_l2_in(
 ) -> Plan | None:
     """`plan_l2` over the rows in [begin, end)."""
     rows = tr.get_range(begin, end, limit=SCAN)
+    records: dict[str, ObjectRecord | None] = {}  # read once for every row looked at
     for index, (row_key, value) in enumerate(rows):
         row = _L1Row.unpack(value)
         if row.node_id != NOBODY and row.expires_ms > now_ms:
@@ -490,7 +491,6 @@ def _plan_l2_in(
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
-        records: dict[str, ObjectRecord | None] = {}
         run = _first_run(
             tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span, records
         )

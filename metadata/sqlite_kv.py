@@ -107,6 +107,25 @@ def _parts(items: Sequence[T]) -> list[Sequence[T]]:
     return [items[at : at + MANY] for at in range(0, len(items), MANY)]
 
 
+def _nonempty(ranges: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The ranges that hold any key (begin < end), their bounds checked."""
+    wanted = []
+    for begin, end in ranges:
+        _check_key(begin)
+        _check_key(end)
+        if begin < end:
+            wanted.append((begin, end))
+    return wanted
+
+
+def _ranges_statement(
+    template: str, part: Sequence[tuple[bytes, bytes]]
+) -> tuple[str, tuple[bytes, ...]]:
+    """`template` with its {} the condition "key in any of these ranges", and the bounds."""
+    condition = " OR ".join(["(key >= ? AND key < ?)"] * len(part))
+    return template.format(condition), tuple(bound for pair in part for bound in pair)
+
+
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
 
@@ -246,16 +265,9 @@ class _ReadTx:
         (`_AS_ONE_ROW`): a statement per range would give up the GIL and wait to take it
         back once per range. The whole answer is one row, so the ranges must hold few
         pairs together (SQLite's limit for a string is 1 GB)."""
-        wanted = []
-        for begin, end in ranges:
-            _check_key(begin)
-            _check_key(end)
-            if begin < end:
-                wanted.append((begin, end))
         found: dict[bytes, bytes] = {}
-        for part in _parts(wanted):
-            sql = _RANGES.format(" OR ".join(["(key >= ? AND key < ?)"] * len(part)))
-            found.update(self._pairs(sql, tuple(bound for pair in part for bound in pair)))
+        for part in _parts(_nonempty(ranges)):
+            found.update(self._pairs(*_ranges_statement(_RANGES, part)))
         pairs = sorted(found.items())
         keys = [key for key, _value in pairs]
         return [
@@ -297,8 +309,7 @@ class _Tx(_ReadTx):
         return super().get_range(begin, end, limit=limit, reverse=reverse)
 
     def get_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
-        if self._adds:
-            self._apply_many([key for begin, end in ranges for key in self._pending_in(begin, end)])
+        self._apply_many([key for begin, end in ranges for key in self._pending_in(begin, end)])
         return super().get_ranges(ranges)
 
     def set(self, key: bytes, value: bytes) -> None:
@@ -345,17 +356,12 @@ class _Tx(_ReadTx):
 
     def clear_ranges(self, ranges: Sequence[tuple[bytes, bytes]]) -> None:
         """One statement per `MANY` ranges."""
-        wanted = []
-        for begin, end in ranges:
-            _check_key(begin)
-            _check_key(end)
-            if begin < end:
-                for key in self._pending_in(begin, end):
-                    del self._adds[key]
-                wanted.append((begin, end))
+        wanted = _nonempty(ranges)
+        for begin, end in wanted:
+            for key in self._pending_in(begin, end):
+                del self._adds[key]
         for part in _parts(wanted):
-            sql = _CLEAR_RANGES.format(" OR ".join(["(key >= ? AND key < ?)"] * len(part)))
-            self._execute(sql, tuple(bound for pair in part for bound in pair))
+            self._execute(*_ranges_statement(_CLEAR_RANGES, part))
 
     def add(self, key: bytes, delta: int) -> None:
         """FDB atomic ADD: value += delta as little-endian i64, missing = 0, wrapping."""
