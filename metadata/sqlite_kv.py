@@ -40,6 +40,16 @@ Rules:
   (commit or rollback) and its connection goes back to the pool clean. As with
   FoundationDB's `commit_unknown_result`, a cancelled caller cannot know whether the
   transaction committed.
+* Checkpoints (copying the WAL's pages into the database file) run on a thread of the
+  store's own, a PASSIVE checkpoint every `checkpoint_interval` seconds on a connection
+  of its own, outside the writer lock: left to SQLite, the commit that takes the WAL past
+  1,000 pages runs the checkpoint inside its COMMIT with the lock held, and every commit
+  queued behind it waits; on ext4 the checkpoint's fsync of the database file is part
+  of that wait (integration/bench/README.md, twenty-seventh pass). A passive checkpoint
+  never waits for a reader or a writer; the WAL restarts from its beginning at the first
+  commit after one that finished. The commits still checkpoint themselves past
+  `_WAL_BACKSTOP_PAGES` (ten times SQLite's default), which bounds the WAL if the
+  thread cannot keep up. `checkpoint_interval=None` leaves checkpoints to SQLite.
 * `add` is FoundationDB's atomic ADD on 8-byte little-endian signed integers: a missing
   key counts as 0, a shorter stored value is zero-extended and a longer one truncated to 8
   bytes, and the sum wraps modulo 2**64 (two's complement), like FDB's i64 add. SQLite
@@ -53,6 +63,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import random
 import sqlite3
@@ -69,6 +80,8 @@ from metadata.kv import MANY, KVError, Threads, ThreadsFactory, decode_i64, enco
 
 if TYPE_CHECKING:
     from metadata.kv import KV, ReadTransaction, Transaction
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TxT = TypeVar("TxT", bound="_ReadTx")
@@ -100,6 +113,10 @@ _AS_ONE_ROW = "SELECT group_concat(hex(key)), group_concat(hex(value)) FROM ({})
 # row holds twice the page's bytes as text, under SQLite's limit of 1 GB for a string
 # while values stay within FoundationDB's 100,000 bytes, as the layers keep them.
 _PAGE = 1024
+# Pages in the WAL past which a commit checkpoints it itself (SQLite's wal_autocheckpoint)
+# when a checkpoint thread runs: ten times SQLite's default of 1,000 (about 40 MB with
+# 4 KB pages), reached only when the thread falls behind.
+_WAL_BACKSTOP_PAGES = 10_000
 
 
 def _parts(items: Sequence[T]) -> list[Sequence[T]]:
@@ -473,6 +490,55 @@ class _Pool:
             conn.close()
 
 
+class _Checkpoints:
+    """The store's checkpoint thread: started with its first connection, ended by close."""
+
+    def __init__(self, store: SQLiteKV, interval: float) -> None:
+        self._store = store
+        self._interval = interval
+        self._closed = threading.Event()
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._guard:
+            if self._thread is not None or self._closed.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        while not self._closed.wait(self._interval):
+            if os.getpid() != self._store._pool.pid:
+                return  # (a thread does not survive fork(); a guard)
+            try:
+                if conn is None:
+                    conn = sqlite3.connect(
+                        self._store.path, isolation_level=None, check_same_thread=False
+                    )
+                    # A passive checkpoint never waits; neither may opening its snapshot.
+                    conn.execute("PRAGMA busy_timeout=0")
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self._store.stats["checkpoints"] += 1
+            except sqlite3.Error as exc:
+                # Busy (another process checkpoints) or a failing disk, which the commits
+                # report themselves: try again next time, on a new connection.
+                logger.debug("SQLite checkpoint of %s failed: %s", self._store.path, exc)
+                if conn is not None:
+                    conn.close()
+                    conn = None
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._guard:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
 class _AnyioThreads:
     """Worker threads of anyio, at most `size` calls at once."""
 
@@ -494,7 +560,9 @@ class SQLiteKV:
     writer and Python one GIL, so more threads add contention, not throughput, and a few
     are enough for reads to overlap a commit's fsync. `busy_timeout` is how long SQLite
     itself waits for another process's lock in one attempt; `retry_deadline` is how long a
-    transaction keeps being retried before `KVError`.
+    transaction keeps being retried before `KVError`. `checkpoint_interval` is the time in
+    seconds between two checkpoints of the store's own thread (None: SQLite's automatic
+    checkpoints inside commits).
     """
 
     def __init__(
@@ -505,6 +573,7 @@ class SQLiteKV:
         busy_timeout: float = 5.0,
         retry_deadline: float = 30.0,
         threads: ThreadsFactory | None = None,
+        checkpoint_interval: float | None = 0.2,
     ) -> None:
         path = os.fspath(path)
         if not path or path == ":memory:" or path.startswith("file:"):
@@ -512,6 +581,8 @@ class SQLiteKV:
             raise ValueError(f"SQLiteKV needs a file path, got {path!r}")
         if pool_size < 1:
             raise ValueError("pool_size must be >= 1")
+        if checkpoint_interval is not None and not checkpoint_interval > 0:
+            raise ValueError("checkpoint_interval must be > 0 seconds, or None")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._path = path
         self._busy_timeout = busy_timeout
@@ -527,7 +598,16 @@ class SQLiteKV:
         self._schema_guard = threading.Lock()
         # Counters for benchmarks; plain ints updated under the GIL. `quick_reads` counts
         # the reads (also in `reads`) that ran on the calling thread.
-        self.stats: dict[str, int] = {"commits": 0, "reads": 0, "quick_reads": 0, "retries": 0}
+        self.stats: dict[str, int] = {
+            "commits": 0,
+            "reads": 0,
+            "quick_reads": 0,
+            "retries": 0,
+            "checkpoints": 0,
+        }
+        self._checkpoints = (
+            None if checkpoint_interval is None else _Checkpoints(self, checkpoint_interval)
+        )
 
     @property
     def path(self) -> str:
@@ -548,6 +628,8 @@ class SQLiteKV:
             if str(mode).lower() != "wal":
                 raise KVError(f"SQLite refused WAL mode for {self._path!r} (got {mode!r})")
             conn.execute("PRAGMA synchronous=FULL")
+            if self._checkpoints is not None:
+                conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_BACKSTOP_PAGES}")
             # Shrink the WAL back after a large transaction instead of keeping its peak size.
             conn.execute("PRAGMA journal_size_limit=67108864")
             with self._schema_guard:
@@ -557,6 +639,8 @@ class SQLiteKV:
         except BaseException:
             conn.close()
             raise
+        if self._checkpoints is not None:
+            self._checkpoints.start()
         return conn
 
     # -- running transactions ----------------------------------------------------------
@@ -737,6 +821,8 @@ class SQLiteKV:
     def close(self) -> None:
         """Close idle connections now and busy ones when their transaction ends."""
         self._pool.close()
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         with self._quick_lock:  # a quick read in progress ends first
             conn, self._quick = self._quick, None
         if conn is not None:

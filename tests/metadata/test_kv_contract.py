@@ -748,6 +748,11 @@ def test_sqlite_file_settings(tmp_path: Path) -> None:
             ]
         )
         assert pragmas == ["wal", 2, 5000]  # synchronous 2 = FULL
+        # The commits checkpoint only past the backstop; the store's thread does it before.
+        autocheckpoint = kv.transact_sync(
+            lambda tr: tr._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]  # type: ignore[attr-defined]
+        )
+        assert autocheckpoint == sqlite_kv._WAL_BACKSTOP_PAGES
     finally:
         kv.close()
     raw = sqlite3.connect(path)
@@ -757,6 +762,83 @@ def test_sqlite_file_settings(tmp_path: Path) -> None:
         assert raw.execute("SELECT key, value FROM kv").fetchall() == [(b"k", b"v")]
     finally:
         raw.close()
+
+
+def _write_megabytes(kv: SQLiteKV, megabytes: int) -> None:
+    """Commit `megabytes` transactions of 1 MB each (256 pages of 4 KB and more)."""
+    for n in range(megabytes):
+        _put(kv, {b"big/%d/%d" % (n, i): os.urandom(50_000) for i in range(20)})
+
+
+def _checkpoint_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sqlite-checkpoint"]
+
+
+def test_sqlite_commits_leave_checkpoints_to_the_stores_thread(tmp_path: Path) -> None:
+    # A thread that never comes round within the test: six commits of 1 MB take the WAL
+    # past SQLite's 1,000 pages, and none of them copies it into the database file.
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path, checkpoint_interval=3600)
+    try:
+        _write_megabytes(kv, 6)
+        assert path.stat().st_size < 1_000_000
+        assert Path(f"{path}-wal").stat().st_size > 6_000_000
+        assert kv.stats["checkpoints"] == 0
+    finally:
+        kv.close()
+    # A thread every 50 ms copies them soon after, while no commit runs.
+    path = tmp_path / "often.db"
+    kv = SQLiteKV(path, checkpoint_interval=0.05)
+    try:
+        _write_megabytes(kv, 6)
+        deadline = time.monotonic() + 10
+        while path.stat().st_size < 6_000_000 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert path.stat().st_size >= 6_000_000
+        assert kv.stats["checkpoints"] > 0
+        # The WAL starts again from its beginning at the next commit: it stays small.
+        _put(kv, {b"small": b"v"})
+        assert kv.read_sync(lambda tr: tr.get(b"big/5/19")) is not None
+    finally:
+        kv.close()
+
+
+def test_sqlite_commits_checkpoint_themselves_past_the_backstop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The thread falls behind (here it never runs): the WAL stays bounded all the same.
+    monkeypatch.setattr(sqlite_kv, "_WAL_BACKSTOP_PAGES", 200)
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path, checkpoint_interval=3600)
+    try:
+        _write_megabytes(kv, 3)
+        assert path.stat().st_size >= 2_000_000
+    finally:
+        kv.close()
+
+
+def test_sqlite_checkpoints_left_to_sqlite_without_an_interval(tmp_path: Path) -> None:
+    before = set(_checkpoint_threads())
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path, checkpoint_interval=None)
+    try:
+        _write_megabytes(kv, 6)
+        assert set(_checkpoint_threads()) == before
+        assert path.stat().st_size >= 4_000_000  # SQLite's own, at 1,000 pages
+    finally:
+        kv.close()
+    with pytest.raises(ValueError, match="checkpoint_interval"):
+        SQLiteKV(path, checkpoint_interval=0)
+
+
+def test_sqlite_close_ends_the_checkpoint_thread(tmp_path: Path) -> None:
+    before = set(_checkpoint_threads())
+    kv = SQLiteKV(tmp_path / "kv.db", checkpoint_interval=3600)
+    assert set(_checkpoint_threads()) == before  # started with the first connection
+    _put(kv, {b"k": b"v"})
+    (started,) = set(_checkpoint_threads()) - before
+    kv.close()  # does not wait out the interval
+    assert not started.is_alive()
 
 
 def test_sqlite_busy_is_retried_until_the_lock_is_released(tmp_path: Path) -> None:
