@@ -69,6 +69,7 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -491,10 +492,14 @@ class _Pool:
 
 
 class _Checkpoints:
-    """The store's checkpoint thread: started with its first connection, ended by close."""
+    """The store's checkpoint thread: started with its first connection, ended by close
+    or, for a store dropped without it, once the store is collected (it holds the store
+    weakly)."""
 
     def __init__(self, store: SQLiteKV, interval: float) -> None:
-        self._store = store
+        self._store = weakref.ref(store)
+        self._path = store.path
+        self._pid = os.getpid()
         self._interval = interval
         self._closed = threading.Event()
         self._guard = threading.Lock()
@@ -509,25 +514,27 @@ class _Checkpoints:
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
-        while not self._closed.wait(self._interval):
-            if os.getpid() != self._store._pool.pid:
-                return  # (a thread does not survive fork(); a guard)
+        while not self._closed.wait(self._interval) and os.getpid() == self._pid:
+            store = self._store()
+            if store is None:
+                break
             try:
                 if conn is None:
                     conn = sqlite3.connect(
-                        self._store.path, isolation_level=None, check_same_thread=False
+                        self._path, isolation_level=None, check_same_thread=False
                     )
                     # A passive checkpoint never waits; neither may opening its snapshot.
                     conn.execute("PRAGMA busy_timeout=0")
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                self._store.stats["checkpoints"] += 1
+                store.stats["checkpoints"] += 1
             except sqlite3.Error as exc:
                 # Busy (another process checkpoints) or a failing disk, which the commits
                 # report themselves: try again next time, on a new connection.
-                logger.debug("SQLite checkpoint of %s failed: %s", self._store.path, exc)
+                logger.debug("SQLite checkpoint of %s failed: %s", self._path, exc)
                 if conn is not None:
                     conn.close()
                     conn = None
+            del store  # not held while waiting: a store dropped unclosed can be collected
         if conn is not None:
             conn.close()
 

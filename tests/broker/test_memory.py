@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,9 +107,13 @@ def test_the_frozen_objects_are_counted_once_when_frozen(monkeypatch: pytest.Mon
     from broker import memory
 
     # No other thread runs between the freeze and the count: one that runs there can
-    # free frozen objects (an idle worker thread of an earlier test, ending).
+    # free frozen objects (an idle worker thread of an earlier test, ending, or a
+    # metadata store's checkpoint thread, waking). A thread that already waits for the
+    # GIL asks for it after the interval it began waiting with: the sleep lets those
+    # run first, and any that wait later do so for 1,000 s.
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(1000.0)
+    time.sleep(0.05)
     try:
         frozen = memory.freeze_startup_heap()
         counted = gc.get_freeze_count()

@@ -841,6 +841,19 @@ def test_sqlite_close_ends_the_checkpoint_thread(tmp_path: Path) -> None:
     assert not started.is_alive()
 
 
+def test_sqlite_checkpoint_thread_of_a_store_dropped_unclosed_ends(tmp_path: Path) -> None:
+    import gc
+
+    before = set(_checkpoint_threads())
+    kv = SQLiteKV(tmp_path / "kv.db", checkpoint_interval=0.02)
+    _put(kv, {b"k": b"v"})
+    (started,) = set(_checkpoint_threads()) - before
+    del kv
+    gc.collect()  # the store's pool refers back to it: a cycle
+    started.join(timeout=5)
+    assert not started.is_alive()
+
+
 def test_sqlite_busy_is_retried_until_the_lock_is_released(tmp_path: Path) -> None:
     path = tmp_path / "kv.db"
     kv = SQLiteKV(path, busy_timeout=0.01, retry_deadline=10)
