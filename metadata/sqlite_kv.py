@@ -499,7 +499,6 @@ class _Checkpoints:
     def __init__(self, store: SQLiteKV, interval: float) -> None:
         self._store = weakref.ref(store)
         self._path = store.path
-        self._pid = os.getpid()
         self._interval = interval
         self._closed = threading.Event()
         self._guard = threading.Lock()
@@ -514,17 +513,14 @@ class _Checkpoints:
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
-        while not self._closed.wait(self._interval) and os.getpid() == self._pid:
+        while not self._closed.wait(self._interval):
             store = self._store()
             if store is None:
                 break
             try:
                 if conn is None:
-                    conn = sqlite3.connect(
-                        self._path, isolation_level=None, check_same_thread=False
-                    )
-                    # A passive checkpoint never waits; neither may opening its snapshot.
-                    conn.execute("PRAGMA busy_timeout=0")
+                    # timeout=0: SQLite's busy wait off, as a passive checkpoint never waits.
+                    conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 store.stats["checkpoints"] += 1
             except sqlite3.Error as exc:
@@ -542,7 +538,7 @@ class _Checkpoints:
         self._closed.set()
         with self._guard:
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None:
             thread.join()
 
 
