@@ -13,7 +13,11 @@ Rules:
   `l2_max_wait_ms`, or the topic's retention span if that is shorter); at most
   `max_jobs` at once. Any agent runs any
   job: a plan claims its inputs in the metadata store, and a dead agent's claims expire
-  after `lease_ms`.
+  after `lease_ms`. A plan reads and decides outside SQLite's writer lock: level 1 reads
+  on a snapshot and then claims what is still free; level 2 is worked out on a snapshot
+  and written only if what it read is unchanged (metadata.optimistic), else run again
+  inside the transaction. Produce commits wait for the writer lock's longest holds, and
+  a level-2 plan inside it held it up to 54 ms (integration/bench/README.md, 28th pass).
 - A job reads its input entries (whole objects this agent has in its cache, otherwise
   ranged GETs, one per run of nearby entries of an object), builds one object in the
   ingest-file format (one chunk per partition, the batches byte for byte in offset
@@ -56,6 +60,7 @@ from metadata import keys
 from metadata import topics as topics_layer
 from metadata.compaction import Limits, Plan
 from metadata.log import ChunkEntry
+from metadata.optimistic import OptimisticStats, transact_optimistic
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
 from storage.ingest import encode_ingest_parts, new_object_key
@@ -110,6 +115,8 @@ class CompactionStats:
     entries_replaced: int = 0
     entries_written: int = 0
     cpu_seconds: float = 0.0  # of the jobs' workers
+    # Level-2 plans whose snapshot had changed by their check, run again under the lock.
+    l2_plans_rerun: int = 0
 
 
 class CompactionAgent(JobAgent, Protocol):
@@ -249,6 +256,7 @@ class Compaction:
         self._slots = anyio.Semaphore(max(1, settings.max_jobs))
         self._threads = anyio.CapacityLimiter(max(1, settings.max_jobs))
         self._l2_after: tuple[bytes, int] | None = None  # the partition planned last
+        self._l2_plans = OptimisticStats()
         self.stats = CompactionStats()
 
     async def run(self) -> None:
@@ -334,7 +342,10 @@ class Compaction:
             )
         if plan is None:
             after = self._l2_after
-            plan = await agent.kv.transact(
+            # Worked out on a snapshot: the writer lock is held only to check what the
+            # plan read and to write its claims (metadata.optimistic).
+            plan = await transact_optimistic(
+                agent.kv,
                 lambda tr: compaction_layer.plan_l2(
                     tr,
                     agent.sub,
@@ -346,8 +357,10 @@ class Compaction:
                     cleaned,
                     max_wait_ms=s.l2_max_wait_ms,
                     after=after,
-                )
+                ),
+                self._l2_plans,
             )
+            self.stats.l2_plans_rerun = self._l2_plans.changed + self._l2_plans.overlapped
             if plan is not None and plan.level_one_rows:
                 self._l2_after = plan.level_one_rows[-1][:2]  # the next plan starts after it
         return plan
