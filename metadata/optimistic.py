@@ -112,9 +112,12 @@ class _Recorder:
 
     def _read(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         answer = getattr(self._tr, name)(*args, **kwargs)
-        # A copy is kept: fn may change the list it was given.
-        kept = [list(a) for a in answer] if name == "get_ranges" else answer
-        self.reads.append((name, args, kwargs, list(kept) if isinstance(kept, list) else kept))
+        # The answer is kept as a copy: fn may change the lists it is given.
+        if name == "get_ranges":
+            kept = [list(rows) for rows in answer]
+        else:
+            kept = list(answer) if isinstance(answer, list) else answer
+        self.reads.append((name, args, kwargs, kept))
         return answer
 
     def get(self, key: bytes) -> bytes | None:
