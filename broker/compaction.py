@@ -59,8 +59,8 @@ from metadata import compaction as compaction_layer
 from metadata import keys
 from metadata import topics as topics_layer
 from metadata.compaction import Limits, Plan
+from metadata.kv import OptimisticCounts
 from metadata.log import ChunkEntry
-from metadata.optimistic import OptimisticStats, transact_optimistic
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
 from storage.ingest import encode_ingest_parts, new_object_key
@@ -256,7 +256,7 @@ class Compaction:
         self._slots = anyio.Semaphore(max(1, settings.max_jobs))
         self._threads = anyio.CapacityLimiter(max(1, settings.max_jobs))
         self._l2_after: tuple[bytes, int] | None = None  # the partition planned last
-        self._l2_plans = OptimisticStats()
+        self._l2_plans = OptimisticCounts()
         self.stats = CompactionStats()
 
     async def run(self) -> None:
@@ -342,10 +342,10 @@ class Compaction:
             )
         if plan is None:
             after = self._l2_after
-            # Worked out on a snapshot: the writer lock is held only to check what the
-            # plan read and to write its claims (metadata.optimistic).
-            plan = await transact_optimistic(
-                agent.kv,
+            # On a store with one writer at a time (SQLite), worked out on a snapshot:
+            # the writer lock is held only to check what the plan read and to write its
+            # claims (metadata.optimistic).
+            plan = await agent.kv.transact_optimistic(
                 lambda tr: compaction_layer.plan_l2(
                     tr,
                     agent.sub,

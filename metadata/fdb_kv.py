@@ -65,7 +65,7 @@ from metadata import tuple_layer as kt
 from metadata.kv import KVError, encode_i64
 
 if TYPE_CHECKING:
-    from metadata.kv import KV, ReadTransaction, Transaction
+    from metadata.kv import KV, OptimisticCounts, ReadTransaction, Transaction
 
 T = TypeVar("T")
 
@@ -522,6 +522,13 @@ class FDBKV:
         return await anyio.to_thread.run_sync(
             self.transact_sync, fn, abandon_on_cancel=False, limiter=self._limiter
         )
+
+    async def transact_optimistic(
+        self, fn: Callable[[Transaction], T], counts: OptimisticCounts | None = None
+    ) -> T:
+        """`transact(fn)`: a FoundationDB commit already checks what fn read, and no
+        writer lock is held meanwhile (counts is left as it is)."""
+        return await self.transact(fn)
 
     async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
         """Run fn in a read-only transaction (one snapshot) in a worker thread.

@@ -42,7 +42,7 @@ import anyio
 from metadata.kv import KVError
 
 if TYPE_CHECKING:
-    from metadata.kv import KV, ReadTransaction, Transaction
+    from metadata.kv import KV, OptimisticCounts, ReadTransaction, Transaction
 
 T = TypeVar("T")
 
@@ -202,6 +202,19 @@ class InjectedFaultsKV:
             if delay > 0:
                 await anyio.sleep(delay)
             return await self.inner.transact(fn)
+        finally:
+            self._counters["transact_us"] += round((time.monotonic() - started) * 1_000_000)
+
+    async def transact_optimistic(
+        self, fn: Callable[[Transaction], T], counts: OptimisticCounts | None = None
+    ) -> T:
+        self._check_available()
+        started = time.monotonic()
+        delay = self._next_delay()
+        try:
+            if delay > 0:
+                await anyio.sleep(delay)
+            return await self.inner.transact_optimistic(fn, counts)
         finally:
             self._counters["transact_us"] += round((time.monotonic() - started) * 1_000_000)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -105,7 +106,29 @@ class KV(Protocol):
         """Blocking form of transact, for threads and start-up code."""
         ...
 
+    async def transact_optimistic(
+        self, fn: Callable[[Transaction], T], counts: OptimisticCounts | None = None
+    ) -> T:
+        """What `transact(fn)` gives, for a background transaction that reads much: a
+        backend with one writer at a time (SQLite) works fn out on a snapshot and holds
+        its writer lock only to check fn's reads and apply its writes
+        (`metadata.optimistic`); one whose commit checks reads anyway (FoundationDB)
+        runs `transact`. fn decides from its arguments and reads only. counts, if
+        given, counts how the snapshot way went (untouched where there is none)."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class OptimisticCounts:
+    """How `KV.transact_optimistic` calls went: fn's writes applied as worked out on the
+    snapshot, or fn run again under the lock because what it read had changed, or
+    because it read a key it had written itself."""
+
+    applied: int = 0
+    changed: int = 0
+    overlapped: int = 0
 
 
 class KVError(Exception):

@@ -3,8 +3,10 @@
 On SQLite every read-write transaction holds the one writer lock from its first statement
 to its COMMIT, and every produce commit that comes meanwhile waits behind it; a commit
 waits for the whole of a long hold, and the flushes after it wait for that commit (they
-commit in flush order). A background transaction that reads much and writes little (a
-level-2 compaction plan) need not hold the lock while it reads and decides.
+commit in flush order). A background transaction that reads much and decides (a
+level-2 compaction plan) need not hold the lock while it does: only while its
+reads are asked again and its writes made. `SQLiteKV.transact_optimistic` runs this way;
+the function works over any KV.
 
 Rules:
 
@@ -22,7 +24,7 @@ Rules:
   runs again the ordinary way, inside the read-write transaction: the result is always
   what `kv.transact(fn)` would have given.
 - An exception raised by fn on the snapshot propagates, and nothing is written.
-- The caller's `OptimisticStats`, if given, counts the outcomes: applied, changed (ran
+- The caller's `OptimisticCounts`, if given, counts the outcomes: applied, changed (ran
   again), overlapped (ran again).
 """
 
@@ -30,10 +32,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from metadata.kv import KV, ReadTransaction, Transaction
+from metadata.kv import KV, OptimisticCounts, ReadTransaction, Transaction
 
 T = TypeVar("T")
 
@@ -41,13 +42,6 @@ T = TypeVar("T")
 class _Overlap(BaseException):
     """fn read a key it had written: the snapshot cannot answer for its own writes. (Not
     an Exception: a function that catches those does not swallow it.)"""
-
-
-@dataclass(slots=True)
-class OptimisticStats:
-    applied: int = 0
-    changed: int = 0
-    overlapped: int = 0
 
 
 class _Recorder:
@@ -149,11 +143,11 @@ _CHANGED = object()
 
 
 async def transact_optimistic(
-    kv: KV, fn: Callable[[Transaction], T], counts: OptimisticStats | None = None
+    kv: KV, fn: Callable[[Transaction], T], counts: OptimisticCounts | None = None
 ) -> T:
     """fn's result and writes as `kv.transact(fn)` would give them, with the writer lock
     held only to check its reads and apply its writes (see the module)."""
-    counts = counts if counts is not None else OptimisticStats()
+    counts = counts if counts is not None else OptimisticCounts()
 
     def on_snapshot(tr: ReadTransaction) -> tuple[_Recorder, T] | None:
         recorder = _Recorder(tr)

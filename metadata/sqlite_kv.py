@@ -77,10 +77,18 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import anyio
 import anyio.to_thread
 
-from metadata.kv import MANY, KVError, Threads, ThreadsFactory, decode_i64, encode_i64
+from metadata.kv import (
+    MANY,
+    KVError,
+    Threads,
+    ThreadsFactory,
+    decode_i64,
+    encode_i64,
+)
+from metadata.optimistic import transact_optimistic
 
 if TYPE_CHECKING:
-    from metadata.kv import KV, ReadTransaction, Transaction
+    from metadata.kv import KV, OptimisticCounts, ReadTransaction, Transaction
 
 logger = logging.getLogger(__name__)
 
@@ -804,6 +812,13 @@ class SQLiteKV:
         # abandon_on_cancel=False: a cancelled caller still waits for the thread, so the
         # transaction ends (commit or rollback) and its connection goes back clean.
         return await self._threads.run(self.transact_sync, fn)
+
+    async def transact_optimistic(
+        self, fn: Callable[[Transaction], T], counts: OptimisticCounts | None = None
+    ) -> T:
+        """fn worked out on a snapshot, the writer lock held only to check its reads and
+        apply its writes (`metadata.optimistic`)."""
+        return await transact_optimistic(self, fn, counts)
 
     async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
         """Run fn in a read-only transaction (one snapshot) in a worker thread.

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from metadata.kv import KV, Transaction
-from metadata.optimistic import OptimisticStats, transact_optimistic
+from metadata.kv import KV, OptimisticCounts, Transaction
+from metadata.optimistic import transact_optimistic
+from tests.metadata.conftest import Backend
 
 
-def _outcomes(counts: OptimisticStats) -> tuple[int, int, int]:
+def _outcomes(counts: OptimisticCounts) -> tuple[int, int, int]:
     return counts.applied, counts.changed, counts.overlapped
 
 
@@ -23,7 +24,7 @@ async def test_writes_are_applied_when_the_reads_still_hold(kv: KV) -> None:
         tr.add(b"n", 2)
         return len(rows)
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == 2
     assert runs == [1]  # on the snapshot only
     assert _outcomes(counts) == (1, 0, 0)
@@ -48,7 +49,7 @@ async def test_a_change_after_the_snapshot_runs_fn_again_under_the_lock(kv: KV) 
         tr.set(b"copy", value or b"")
         return value
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == b"2"
     assert seen == [b"1", b"2"]
     assert _outcomes(counts) == (0, 1, 0)
@@ -67,7 +68,7 @@ async def test_a_range_that_gained_a_key_is_a_change(kv: KV) -> None:
         tr.set(b"count", str(len(rows)).encode())
         return len(rows)
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == 2
     assert _outcomes(counts) == (0, 1, 0)
     assert await kv.read(lambda tr: tr.get(b"count")) == b"2"
@@ -82,7 +83,7 @@ async def test_a_read_of_its_own_write_runs_fn_under_the_lock(kv: KV) -> None:
         tr.set(b"q/1", b"v")
         return tr.get(b"q/1")  # the snapshot cannot know this
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == b"v"
     assert len(runs) == 2
     assert _outcomes(counts) == (0, 0, 1)
@@ -97,7 +98,7 @@ async def test_reads_beside_its_writes_are_fine(kv: KV) -> None:
         tr.clear_ranges([(b"n/", b"n0")])
         return tr.get(b"z")  # outside everything written: still the snapshot's answer
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == b"b"
     assert _outcomes(counts) == (1, 0, 0)
     assert await kv.read(lambda tr: tr.get(b"m/2")) == b"new"
@@ -108,7 +109,7 @@ async def test_an_error_in_fn_writes_nothing(kv: KV) -> None:
         tr.set(b"e", b"1")
         raise ValueError("no")
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     try:
         await transact_optimistic(kv, fn, counts)
     except ValueError as exc:
@@ -130,6 +131,30 @@ async def test_fn_that_changes_the_list_it_read_is_still_checked_against_the_sto
         tr.set(b"left", str(len(rows)).encode())
         return len(rows)
 
-    counts = OptimisticStats()
+    counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == 1
     assert _outcomes(counts) == (1, 0, 0)
+
+
+async def test_the_stores_own_call_takes_the_snapshot_way_where_there_is_one_writer(
+    backend: Backend, kv: KV
+) -> None:
+    """`KV.transact_optimistic`: SQLite (plain or wrapped in fault injection) works fn out
+    on a snapshot; FoundationDB, whose commit checks reads anyway, runs it as `transact`."""
+    kv.transact_sync(lambda tr: tr.set(b"k", b"1"))
+    runs = []
+
+    def fn(tr: Transaction) -> bytes | None:
+        runs.append(1)
+        value = tr.get(b"k")
+        tr.set(b"copy", value or b"")
+        return value
+
+    counts = OptimisticCounts()
+    assert await kv.transact_optimistic(fn, counts) == b"1"
+    assert await kv.read(lambda tr: tr.get(b"copy")) == b"1"
+    if backend.name.endswith("sqlite"):
+        assert _outcomes(counts) == (1, 0, 0)
+    else:
+        assert _outcomes(counts) == (0, 0, 0)
+    assert runs == [1]
