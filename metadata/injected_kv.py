@@ -32,7 +32,7 @@ import os
 import random
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, TypeVar
@@ -194,29 +194,26 @@ class InjectedFaultsKV:
         self._counters["injected_delay_us"] += round(seconds * 1_000_000)
         return seconds
 
-    async def transact(self, fn: Callable[[Transaction], T]) -> T:
+    async def _write(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A write transaction of the wrapped store, behind the outage switch and the
+        injected commit latency."""
         self._check_available()
         started = time.monotonic()
         delay = self._next_delay()
         try:
             if delay > 0:
                 await anyio.sleep(delay)
-            return await self.inner.transact(fn)
+            return await call()
         finally:
             self._counters["transact_us"] += round((time.monotonic() - started) * 1_000_000)
+
+    async def transact(self, fn: Callable[[Transaction], T]) -> T:
+        return await self._write(lambda: self.inner.transact(fn))
 
     async def transact_optimistic(
         self, fn: Callable[[Transaction], T], counts: OptimisticCounts | None = None
     ) -> T:
-        self._check_available()
-        started = time.monotonic()
-        delay = self._next_delay()
-        try:
-            if delay > 0:
-                await anyio.sleep(delay)
-            return await self.inner.transact_optimistic(fn, counts)
-        finally:
-            self._counters["transact_us"] += round((time.monotonic() - started) * 1_000_000)
+        return await self._write(lambda: self.inner.transact_optimistic(fn, counts))
 
     async def read(self, fn: Callable[[ReadTransaction], T], *, quick: bool = False) -> T:
         self._check_available()
