@@ -7,6 +7,7 @@ settings, lock retries, connection pool), which are not parametrized.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import sqlite3
@@ -890,6 +891,53 @@ def test_sqlite_busy_past_the_deadline_raises_kverror(tmp_path: Path) -> None:
         other.rollback()
         other.close()
     assert kv.transact_sync(_incr(b"n")) == 1
+    kv.close()
+
+
+def _hold_lock_file(path: Path) -> int:
+    """The database's lock file taken as another process's writer takes it (flock
+    excludes another open description in the same process too)."""
+    fd = os.open(f"{path}-writer-lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if it is held
+    return fd
+
+
+def test_sqlite_writers_of_other_processes_queue_on_the_lock_file(tmp_path: Path) -> None:
+    """A write waits while another process's writer holds the lock file, and goes on as
+    soon as it is given back; reads do not wait."""
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path)
+    _put(kv, {b"k": b"0"})
+    fd = _hold_lock_file(path)
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (kv.transact_sync(_incr(b"n")), done.set()))
+    try:
+        writer.start()
+        assert not done.wait(0.3)  # SQLite's own lock is free: only the file holds it
+        assert kv.read_sync(lambda tr: tr.get(b"k")) == b"0"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert done.wait(5)
+    finally:
+        os.close(fd)
+        writer.join(5)
+    assert kv.read_sync(lambda tr: tr.get(b"n")) == (1).to_bytes(8, "little")
+    os.close(_hold_lock_file(path))  # given back after the transaction
+    kv.close()
+
+
+def test_sqlite_lock_file_held_past_the_deadline_raises_kverror(tmp_path: Path) -> None:
+    path = tmp_path / "kv.db"
+    kv = SQLiteKV(path, retry_deadline=0.3)
+    _put(kv, {b"k": b"0"})
+    fd = _hold_lock_file(path)
+    try:
+        started = time.monotonic()
+        with pytest.raises(KVError, match="another process's SQLite writer lock"):
+            kv.transact_sync(_incr(b"n"))
+        assert 0.2 <= time.monotonic() - started < 3
+    finally:
+        os.close(fd)
+    assert kv.transact_sync(_incr(b"n")) == 1  # this process's lock was given back too
     kv.close()
 
 
