@@ -257,6 +257,9 @@ class _ProcessLock:
         if fd is not None:
             os.close(fd)  # a transaction still running keeps SQLite's lock until it ends
 
+    def __del__(self) -> None:  # a store dropped unclosed does not keep its descriptor
+        self.close()
+
 
 class _ReadTx:
     """A `ReadTransaction` bound to one SQLite transaction on one connection."""

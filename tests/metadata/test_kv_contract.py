@@ -8,6 +8,7 @@ settings, lock retries, connection pool), which are not parametrized.
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import random
 import sqlite3
@@ -923,6 +924,19 @@ def test_sqlite_writers_of_other_processes_queue_on_the_lock_file(tmp_path: Path
     assert kv.read_sync(lambda tr: tr.get(b"n")) == (1).to_bytes(8, "little")
     os.close(_hold_lock_file(path))  # given back after the transaction
     kv.close()
+
+
+def test_sqlite_store_dropped_unclosed_gives_its_lock_file_descriptor_back(
+    tmp_path: Path,
+) -> None:
+    kv = SQLiteKV(tmp_path / "kv.db")
+    kv.transact_sync(_incr(b"n"))
+    kv.close()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        SQLiteKV(tmp_path / "kv.db")  # never closed
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2
 
 
 def test_sqlite_lock_file_held_past_the_deadline_raises_kverror(tmp_path: Path) -> None:
