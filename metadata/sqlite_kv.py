@@ -31,11 +31,12 @@ Rules:
   COMMIT or ROLLBACK): a writer that finds it taken tries again every millisecond at
   most, up to `retry_deadline`. Left to SQLite, a writer waits for another process's
   lock in its busy handler (`sqliteDefaultBusyCallback`), which sleeps 1, 2, 5, 10, 15,
-  20, 25, 25, 25, 50, 50, then 100 ms between its tries: a commit that meets another
-  process's transaction of 10 ms gets the lock after 18 ms, one of 60 ms after 78
-  (measured in integration/bench/README.md, twenty-ninth pass). The lock file orders the writers only; SQLite's lock is still what excludes them (a
-  process that does not take the file, such as the sqlite3 shell, is waited for in the
-  busy handler as before).
+  20, 25, 25, 25, 50, 50, then 100 ms between its tries: by that schedule a commit that
+  meets another process's transaction of 10 ms gets the lock after 18 ms, one of 60 ms
+  after 78 (the waits measured both ways: integration/bench/process_lock.py, in
+  integration/bench/README.md, twenty-ninth pass). The lock file orders the writers
+  only; SQLite's lock is still what excludes them (a process that does not take the
+  file, such as the sqlite3 shell, is waited for in the busy handler as before).
 * `transact`/`read` run the function in one of as many worker threads as the pool has
   connections: anyio's, or those of the `threads` factory given (the agent gives
   `storage.threads.ThreadPool`, which hands a call over for less CPU).
@@ -85,14 +86,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import anyio
 import anyio.to_thread
 
-from metadata.kv import (
-    MANY,
-    KVError,
-    Threads,
-    ThreadsFactory,
-    decode_i64,
-    encode_i64,
-)
+from metadata.kv import MANY, KVError, Threads, ThreadsFactory, decode_i64, encode_i64
 from metadata.optimistic import transact_optimistic
 
 if TYPE_CHECKING:
@@ -742,15 +736,14 @@ class SQLiteKV:
         locked = False
         try:
             if write:
-                locked = self._write_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
-                if not locked:
+                if not self._write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                     raise KVError("timed out waiting for this process's SQLite writer lock")
                 try:
                     self._process_lock.acquire(deadline)
                 except BaseException:
                     self._write_lock.release()
-                    locked = False
                     raise
+                locked = True  # both held: given back in reverse order below
             return self._once(conn, fn, make_tx, broken)
         finally:
             if locked:

@@ -17,6 +17,7 @@ and how many waited for the other process (took over 2 ms).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from metadata import sqlite_kv
@@ -31,9 +33,22 @@ from metadata.kv import Transaction
 from metadata.sqlite_kv import SQLiteKV
 
 
-def _without_lock_file() -> None:
-    sqlite_kv._ProcessLock._try = lambda self: True  # type: ignore[method-assign]
-    sqlite_kv._ProcessLock.release = lambda self: None  # type: ignore[method-assign]
+@contextlib.contextmanager
+def _lock_file_off() -> Iterator[None]:
+    """The lock file's calls made no-ops in this process (SQLite's busy handler alone)
+    until the block ends."""
+    lock = sqlite_kv._ProcessLock
+    saved = (lock._try, lock.release)
+    lock._try = lambda self: True  # type: ignore[method-assign]
+    lock.release = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        lock._try, lock.release = saved  # type: ignore[method-assign]
+
+
+def _lock_file(on: bool) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if on else _lock_file_off()
 
 
 def other(path: str, hold_ms: float, rate: float, seconds: float) -> None:
@@ -96,10 +111,9 @@ def main() -> int:
     parser.add_argument("--path")
     parser.add_argument("--no-lock-file", action="store_true")
     args = parser.parse_args()
-    if args.no_lock_file:
-        _without_lock_file()
     if args.role == "other":
-        other(args.path, args.hold_ms, args.rate, args.seconds)
+        with _lock_file(not args.no_lock_file):
+            other(args.path, args.hold_ms, args.rate, args.seconds)
         return 0
     print(
         f"hold {args.hold_ms:g} ms at {args.rate:g}/s in the other process; "
@@ -111,14 +125,8 @@ def main() -> int:
             order = [True, False] if pair % 2 == 0 else [False, True]
             for lock_file in order:
                 path = str(Path(folder) / f"run-{pair}-{int(lock_file)}.db")
-                if not lock_file:
-                    saved = (sqlite_kv._ProcessLock._try, sqlite_kv._ProcessLock.release)
-                    _without_lock_file()
-                try:
+                with _lock_file(lock_file):
                     print(run(path, args, lock_file), flush=True)
-                finally:
-                    if not lock_file:
-                        sqlite_kv._ProcessLock._try, sqlite_kv._ProcessLock.release = saved  # type: ignore[method-assign]
     return 0
 
 
