@@ -19,7 +19,7 @@ from broker import placement
 from broker.authentication import Authentication
 from broker.authorizer import AclAuthorizer
 from broker.cleaning import Cleaning, CleaningSettings
-from broker.compaction import Compaction, CompactionSettings
+from broker.compactor import CompactionProcess, new_compaction
 from broker.config import BrokerConfig
 from broker.costs import AccountingStore, Ledger
 from broker.eventlog import EventLog
@@ -38,7 +38,7 @@ from broker.metrics import Meter
 from broker.readahead import ReadAhead
 from broker.ripcord import Snapshot
 from broker.sync import Notifier, Promise
-from broker.workers import StoreSpec, WorkerPool
+from broker.workers import StoreSpec
 from broker.zones import HOME_RECHECK_SECONDS, HomeZones
 from metadata import acls, cluster, keys, topics
 from metadata import log as log_layer
@@ -209,35 +209,11 @@ class Agent:
             ),
             forget_cached=self.cache.discard,
         )
-        self.compaction = Compaction(
-            self,
-            CompactionSettings(
-                enabled=config.compaction,
-                interval_ms=config.compaction_interval_ms,
-                min_age_ms=config.compaction_min_age_ms,
-                max_inputs=config.compaction_max_inputs,
-                max_job_bytes=config.compaction_max_job_bytes,
-                max_entries=config.compaction_max_entries,
-                entry_bytes=config.compaction_entry_bytes,
-                max_jobs=config.compaction_max_jobs,
-                workers=config.compaction_workers,
-                lease_ms=config.compaction_lease_ms,
-                retention_span_percent=config.compaction_retention_span_percent,
-                l2_max_inputs=config.compaction_l2_max_inputs,
-                l2_max_wait_ms=config.compaction_l2_max_wait_ms,
-                cleaner_enabled=config.log_cleaner_enable,
-                delete_delay_ms=config.object_delete_delay_ms,
-                orphan_min_age_ms=config.orphan_min_age_ms,
-            ),
-            pool=(
-                WorkerPool(
-                    StoreSpec.of(config, blocking_calls=2, worker=True),
-                    config.compaction_max_jobs,
-                    config.compaction_worker_nice,
-                )
-                if config.compaction_workers == "process"
-                else None
-            ),
+        self.compaction = new_compaction(self, config)
+        # With --compaction-process the passes run in a process of the agent's own, whose
+        # stats stand for self.compaction's (broker.compactor).
+        self.compaction_process = (
+            CompactionProcess(self, config, self.compaction) if config.compacts_apart else None
         )
         self.cleaning = Cleaning(
             self,
@@ -413,6 +389,8 @@ class Agent:
 
     async def aclose(self) -> None:
         self.compaction.close()
+        if self.compaction_process is not None:
+            self.compaction_process.close()
         await self.read_ahead.aclose()
         await self.store.aclose()
         await self.kv.aclose()

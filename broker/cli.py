@@ -431,6 +431,15 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         " (0-19, as nice(1); default 10; only with --compaction-workers process)",
     ),
     (
+        "compaction-process",
+        _bool,
+        None,
+        "run compaction (plans, claims, builds, commits) in a process of its own beside the"
+        " agent, with its own connections to the stores, so that its metadata work shares"
+        " neither the agent's GIL nor its event loop (true or false; default true with a"
+        " file:// store: with S3 the agent's cache saves compaction GETs of recent files)",
+    ),
+    (
         "local-segments",
         _bool,
         None,
@@ -785,6 +794,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
         compaction_write_bytes_per_s=args.compaction_write_bytes_per_s or 0,
+        compaction_process=args.compaction_process,
         local_segments=args.local_segments,
         compaction_lease_ms=args.compaction_lease_ms,
         compaction_retention_span_percent=args.compaction_retention_span_percent,

@@ -24,7 +24,9 @@ Rules:
   order), uploads it if-absent under "compacted/", and only then commits. Reading,
   building and uploading run in a worker process at a lower priority (broker.workers;
   `workers="process"`, the agent's default) or in a worker thread of the agent
-  (`workers="thread"`); the worker's CPU time is the job's. A worker process is given
+  (`workers="thread"`); the worker's CPU time is the job's. With --compaction-process
+  all of this class runs in a process of the agent's own (broker.compactor), the
+  agent's "agent" being that process's view of it (its cache empty). A worker process is given
   the cached inputs only when the store is remote: a local folder's are in the page
   cache, and copying them to the worker would cost the agent more than the read.
 - Every input entry's bytes are walked batch by batch before the upload: the batches

@@ -101,6 +101,9 @@ class BrokerConfig:
     compaction_max_jobs: int = 1
     compaction_workers: str = "process"  # or "thread"
     compaction_worker_nice: int = 10
+    # Compaction in a process of its own beside the agent (broker.compactor); None: with
+    # a local folder only.
+    compaction_process: bool | None = None
     # Bytes per second a worker process writes a large local object at most (0: unpaced).
     compaction_write_bytes_per_s: int = 0
     # The flushes packed into segment files in a local folder (storage.segments); None:
@@ -260,6 +263,15 @@ class BrokerConfig:
     @property
     def is_local_store(self) -> bool:
         return self.resolved_storage_url.startswith("file://")
+
+    @property
+    def compacts_apart(self) -> bool:
+        """Whether compaction runs in a process of its own (--compaction-process)."""
+        if not self.compaction:
+            return False
+        return (
+            self.compaction_process if self.compaction_process is not None else self.is_local_store
+        )
 
     @property
     def packs_flushes(self) -> bool:

@@ -7,7 +7,9 @@ one dict lookup. Two kinds:
 
 - `point(name)`: the process sends itself SIGKILL there (no clean-up, no flush, nothing
   deregistered), as kill -9 would. Used by the tests of steps that must survive a crash
-  anywhere (the object lifecycle).
+  anywhere (the object lifecycle). In the agent's compaction process
+  (broker.compactor) a point kills the agent first, as kill -9 of the agent does: the
+  process dies with it.
 - `misbehave(name)`: True when armed; the caller then does the wrong thing the point is
   named after, once, logged as a warning. Used to show that a checker catches a broken
   promise: `ingest.ack_without_commit` answers one produced batch (of a producer
@@ -38,6 +40,13 @@ def parse(value: str) -> dict[str, int]:
 
 _armed = parse(os.environ.get(ENV, ""))
 _reached: dict[str, int] = {}
+_agent_pid: int | None = None  # set in a process of the agent's that dies with it
+
+
+def kill_agent_too(agent_pid: int) -> None:
+    """In a process of the agent's: a point reached here kills the agent too."""
+    global _agent_pid
+    _agent_pid = agent_pid
 
 
 def _fires(name: str) -> bool:
@@ -50,6 +59,8 @@ def _fires(name: str) -> bool:
 
 def point(name: str) -> None:
     if _fires(name):
+        if _agent_pid is not None:
+            os.kill(_agent_pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

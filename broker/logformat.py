@@ -49,8 +49,14 @@ def _logfmt_value(value: object) -> str:
     return f'"{escaped}"'
 
 
+# As configured last (the agent's processes of its own log the same way).
+configured: tuple[str, str] = ("INFO", "text")
+
+
 def configure(level: str, form: str) -> None:
     """The root logger's one handler, on stderr, in this format."""
+    global configured
+    configured = (level, form)
     handler = logging.StreamHandler()
     if form == "json":
         handler.setFormatter(JsonFormatter())

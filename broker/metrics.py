@@ -70,6 +70,7 @@ GAUGES = frozenset(
         ("lifecycle", "cluster_objects"),
         ("lifecycle", "cluster_object_bytes"),
         ("lifecycle", "cluster_chunk_entries"),
+        ("compaction_process", "running"),
         ("ripcord", "enabled"),
         ("ripcord", "metadata_reachable"),
         ("put_hedge", "threshold_seconds"),

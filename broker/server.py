@@ -97,7 +97,10 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                 tg.start_soon(agent.acl_loop)
             tg.start_soon(agent.groups.run)
             tg.start_soon(agent.lifecycle.run)
-            tg.start_soon(agent.compaction.run)
+            if agent.compaction_process is not None:
+                tg.start_soon(agent.compaction_process.run)
+            else:
+                tg.start_soon(agent.compaction.run)
             tg.start_soon(agent.cleaning.run)
             tg.start_soon(stats.stats_loop, agent, stats.stats_path(config.data_dir, config.port))
             if config.ripcord:

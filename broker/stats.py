@@ -59,6 +59,8 @@ def snapshot(agent: Agent) -> dict[str, Any]:
         # The process's garbage collector (broker.memory): zero until the agent installs it.
         "gc": memory.COLLECTIONS.stats(),
     }
+    if agent.compaction_process is not None:  # --compaction-process
+        body["compaction_process"] = dataclasses.asdict(agent.compaction_process.stats)
     if agent.hedge is not None:
         body["put_hedge"] = dataclasses.asdict(agent.hedge.stats)
     if agent.authorizer is not None:  # --authorizer: the ACLs loaded, denials by resource

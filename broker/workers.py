@@ -149,7 +149,7 @@ class WorkerPool:
                 # whose locks a forked child would inherit held.
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(self.spec, self._nice, logging.getLogger().level),
+                initargs=(self.spec, self._nice, logging.getLogger().level, os.getpid()),
             )
         return self._pool
 
@@ -183,17 +183,23 @@ class WorkerPool:
 _store: AccountingStore | None = None
 
 
-def _start_worker(spec: StoreSpec, nice: int, log_level: int) -> None:
-    global _store
-    leave_out_test_only_modules()  # before the jobs' modules are imported
-    if sys.platform == "linux":  # dies with the agent, even one killed with -9
+def die_with_parent(parent_pid: int) -> None:
+    """In a process the agent (or its compaction process) started: die with that parent,
+    even one killed with -9, and leave Ctrl-C to it."""
+    if sys.platform == "linux":
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the agent died before that: nothing to work for
+        if os.getppid() != parent_pid:  # it died before that: nothing to work for
             os._exit(0)
-    # A Ctrl-C reaches the whole process group: the agent stops its workers itself.
+    # A Ctrl-C reaches the whole process group: the parent ends its children itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_worker(spec: StoreSpec, nice: int, log_level: int, parent_pid: int) -> None:
+    global _store
+    leave_out_test_only_modules()  # before the jobs' modules are imported
+    die_with_parent(parent_pid)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if nice:
         os.nice(nice)

@@ -227,6 +227,14 @@ def select_l1(
     return L1Selection(tuple(chosen), tuple(dropped))
 
 
+def has_work(tr: ReadTransaction, sub: keys.Subspace) -> bool:
+    """Whether any level-0 object waits for level 1 or any partition has level-1 entries:
+    two reads of one row each, for an agent that starts compaction only once there is any."""
+    return any(
+        tr.get_range(*sub.range(tag), limit=1) for tag in (keys.L0_OBJECT, keys.L1_PARTITION)
+    )
+
+
 def claim_l1(
     tr: Transaction,
     sub: keys.Subspace,
