@@ -73,7 +73,8 @@ K = TypeVar("K")
 N = TypeVar("N", int, float)
 
 
-def compaction_settings(config: BrokerConfig) -> CompactionSettings:
+def compaction_settings(config: BrokerConfig, *, apart: bool = False) -> CompactionSettings:
+    """The config's settings (`apart`: for compaction's own process)."""
     return CompactionSettings(
         enabled=config.compaction,
         interval_ms=config.compaction_interval_ms,
@@ -91,16 +92,18 @@ def compaction_settings(config: BrokerConfig) -> CompactionSettings:
         cleaner_enabled=config.log_cleaner_enable,
         delete_delay_ms=config.object_delete_delay_ms,
         orphan_min_age_ms=config.orphan_min_age_ms,
+        commit_on_snapshot=apart,
     )
 
 
-def new_compaction(agent: Any, config: BrokerConfig) -> Compaction:
-    """Compaction with the config's settings and workers, for the agent or its process."""
+def new_compaction(agent: Any, config: BrokerConfig, *, apart: bool = False) -> Compaction:
+    """Compaction with the config's settings and workers, for the agent or (`apart`) its
+    process."""
     pool = None
     if config.compaction_workers == "process":
         spec = StoreSpec.of(config, blocking_calls=2, worker=True)
         pool = WorkerPool(spec, config.compaction_max_jobs, config.compaction_worker_nice)
-    return Compaction(agent, compaction_settings(config), pool)
+    return Compaction(agent, compaction_settings(config, apart=apart), pool)
 
 
 @dataclass(slots=True)
@@ -272,7 +275,7 @@ async def _serve(config: BrokerConfig, node_id: Any, conn: Connection) -> None:
     # Blocking calls: one per job at once (thread workers), and one for the report.
     spec = StoreSpec.of(config, blocking_calls=config.compaction_max_jobs + 1, worker=True)
     store = AccountingStore(spec.open(), Ledger())
-    compaction = new_compaction(_Helper(config, kv, store, node_id), config)
+    compaction = new_compaction(_Helper(config, kv, store, node_id), config, apart=True)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(compaction.run)

@@ -29,8 +29,10 @@ Rules:
   Every input object gives a level-2 job one entry at least, so `max_entries` bounds its
   objects too, whatever `l2_max_inputs` is.
 - `commit_prepared` is the one transaction that makes a job's output part of the logs
-  (`prepare_commit` works out before it what it compares and writes, so that SQLite's
-  writer lock is held for the reads and writes alone; `commit_job` does both). Only
+  (`prepare_commit` works out before it what it compares and writes; `commit_job` does
+  both). Its reads of a key come before its writes to it, so that it can be worked out
+  on a snapshot (`KV.transact_optimistic`: SQLite's writer lock held only to ask its
+  reads again and make its writes). Only
   if the topics still exist and every input entry is still exactly what the plan read
   does it replace them with the output's entries, write the output's OBJECT record and
   reverse index, and unreference each input by the entries it lost (so that an input
@@ -864,6 +866,11 @@ def commit_prepared(
         discard_output(tr, sub, object_key, object_size, plan.level, now_ms)
         release(tr, sub, plan, node_id)
         return JobResult(False, reason)
+    if plan.level != L2:
+        # Level-0 inputs leave the queue with their last entry (unreference_many below);
+        # the claims are given up first, so that every read of the commit comes before
+        # its writes to the same keys (what a commit worked out on a snapshot needs).
+        release(tr, sub, plan, node_id)
     _clear_inputs(tr, prepared, alone)
     tr.set_many(prepared.rows)
     unreference_many(tr, sub, prepared.unreferenced, now_ms, delete_delay_ms)
@@ -880,8 +887,6 @@ def commit_prepared(
         _add_level_one(tr, sub, prepared.checks, now_ms)
     if plan.level == L2:
         _took_level_one(tr, sub, prepared, node_id)
-    else:
-        release(tr, sub, plan, node_id)  # level-0 inputs left the queue with their last entry
     return JobResult(True)
 
 

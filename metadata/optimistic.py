@@ -3,8 +3,8 @@
 On SQLite every read-write transaction holds the one writer lock from its first statement
 to its COMMIT, and every produce commit that comes meanwhile waits behind it; a commit
 waits for the whole of a long hold, and the flushes after it wait for that commit (they
-commit in flush order). A background transaction that reads much and decides (a
-level-2 compaction plan) need not hold the lock while it does: only while its
+commit in flush order). A background transaction (a level-2 compaction plan, a
+compaction's commit) need not hold the lock while it reads and decides: only while its
 reads are asked again and its writes made. `SQLiteKV.transact_optimistic` runs this way;
 the function works over any KV.
 

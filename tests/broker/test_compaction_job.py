@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -185,6 +186,42 @@ async def test_level_two_waits_for_its_oldest_data_then_takes_every_level_one_ob
     data = store.get_sync(output)
     values = [v for e in entries() for v in _values(data[e.start : e.start + e.length])]
     assert values == [b"v%d" % i for i in range(10)]
+
+
+@pytest.mark.parametrize("on_snapshot", [False, True])
+async def test_a_jobs_commit_is_worked_out_on_a_snapshot_only_where_told(setup, on_snapshot):
+    """commit_on_snapshot (compaction's own process): the commit's writes as worked out on
+    a snapshot, and the job's result the same either way."""
+    kv, store, topic = setup
+    for key in "abcd":
+        _ingest(
+            kv, store, topic, f"ingest/{key}", {0: [[key.encode()]], 1: [[key.upper().encode()]]}
+        )
+    settings = CompactionSettings(max_inputs=2, min_age_ms=1, commit_on_snapshot=on_snapshot)
+    job = Compaction(_Agent(kv, store), settings)
+    assert await job.run_pass() == 2
+    assert job.stats.commits_on_snapshot == (2 if on_snapshot else 0)
+    assert job.stats.commits_rerun == 0
+    for p, values in ((0, b"abcd"), (1, b"ABCD")):
+        entries = kv.transact_sync(
+            partial(log.read_chunks, sub=SUB, topic_id=topic.topic_id, partition=p, from_offset=0)
+        )
+        assert [e.object_key.split("/")[0] for e in entries] == ["compacted"] * 2
+        got = [
+            v
+            for e in entries
+            for v in _values(store.get_sync(e.object_key)[e.start : e.start + e.length])
+        ]
+        assert got == [bytes([c]) for c in values]
+
+
+def test_only_compactions_own_process_commits_on_a_snapshot(tmp_path):
+    from broker.compactor import compaction_settings
+    from tests.broker.test_workers import _config
+
+    config = _config("--data-dir", str(tmp_path))
+    assert not compaction_settings(config).commit_on_snapshot
+    assert compaction_settings(config, apart=True).commit_on_snapshot
 
 
 async def test_the_level_two_options_reach_the_agents_compaction(tmp_path, monkeypatch):

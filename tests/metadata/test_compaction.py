@@ -10,7 +10,8 @@ from kio.schema.errors import ErrorCode
 
 from metadata import cluster, compaction, keys, lifecycle, log, producers, topics, txns
 from metadata.compaction import L1, L2, JobEntry, Limits, Plan
-from metadata.kv import KV
+from metadata.kv import KV, OptimisticCounts
+from metadata.optimistic import transact_optimistic
 from metadata.sqlite_kv import SQLiteKV
 from tests.metadata.test_lifecycle import (
     DELAY,
@@ -409,6 +410,50 @@ def test_a_level_two_job_gathers_one_partitions_level_one_entries(kv):
     assert _reverse(kv, "x") == [(1, 0, 0)]
     assert _l1_rows(kv) == {1: (100, 1, 0, -1, 0, NOW)}
     assert _state(kv, topic, 0) == log.PartitionState(4, 0, 400)
+
+
+async def _jobs_of_two_levels(kv: KV, counts: OptimisticCounts | None) -> list[tuple]:
+    """The level-1 and level-2 jobs of the test above, each commit worked out on a
+    snapshot (counted in counts) or, counts None, run as a plain transaction; every key
+    and value of the store at the end."""
+    kv.transact_sync(lambda tr: tr.clear_range(b"", b"\xff"))
+
+    async def commit(plan: Plan, key: str, size: int) -> None:
+        prepared = compaction.prepare_commit(SUB, plan, key, size, _outputs(plan, key))
+
+        def fn(tr):
+            return compaction.commit_prepared(tr, SUB, prepared, 1, NOW, DELAY)
+
+        if counts is None:
+            result = await kv.transact(fn)
+        else:
+            result = await transact_optimistic(kv, fn, counts)
+        assert result.committed
+
+    topic = kv.transact_sync(  # the same id both times: the stores are compared
+        lambda tr: topics.create_topic(tr, SUB, "t", b"\x01" * 16, 2, {}, 0)
+    )
+    _append(kv, topic, "a", {0: [(1, 10)], 1: [(1, 10)]})
+    _append(kv, topic, "b", {0: [(1, 20)]})
+    await commit(_plan_l1(kv), "x", 1000)
+    _append(kv, topic, "c", {0: [(1, 30)]})
+    _append(kv, topic, "d", {0: [(1, 40)]})
+    await commit(_plan_l1(kv), "y", 1000)
+    assert _claims(kv) == {}  # every input left the queue
+    await commit(_plan_l2(kv, l2_max_inputs=2), "z", 408)
+    assert _full_entries(kv, topic, 0) == [log.ChunkEntry("z", HEADER, 400, 0, 3, 4, 40)]
+    return await kv.read(lambda tr: tr.get_range(b"", b"\xff"))
+
+
+async def test_a_jobs_commit_worked_out_on_a_snapshot_is_applied_as_worked_out(kv):
+    """A commit's reads of a key come before its writes to it (a level-1 commit gives its
+    inputs' queue rows up before unreferencing clears them): worked out on a snapshot,
+    it is applied as it was, not run again under the lock, and leaves every key and
+    value as the plain transaction does."""
+    plain = await _jobs_of_two_levels(kv, None)
+    counts = OptimisticCounts()
+    assert await _jobs_of_two_levels(kv, counts) == plain
+    assert (counts.applied, counts.changed, counts.overlapped) == (3, 0, 0)
 
 
 def _partitions_in_two_level_one_objects(kv: KV, partitions: int) -> topics.Topic:
