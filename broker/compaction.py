@@ -125,6 +125,8 @@ class CompactionStats:
     l2_plans_rerun: int = 0
     commits_rerun: int = 0
     commits_on_snapshot: int = 0  # applied as worked out on a snapshot (commit_on_snapshot)
+    # Level-2 plans worked out again on a new snapshot after a change (not under the lock).
+    l2_plans_retried: int = 0
 
 
 class CompactionAgent(JobAgent, Protocol):
@@ -369,6 +371,7 @@ class Compaction:
                 self._l2_plans,
             )
             self.stats.l2_plans_rerun = self._l2_plans.changed + self._l2_plans.overlapped
+            self.stats.l2_plans_retried = self._l2_plans.retried
             if plan is not None and plan.level_one_rows:
                 self._l2_after = plan.level_one_rows[-1][:2]  # the next plan starts after it
         return plan

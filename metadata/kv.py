@@ -122,13 +122,14 @@ class KV(Protocol):
 
 @dataclass(slots=True)
 class OptimisticCounts:
-    """How `KV.transact_optimistic` calls went: fn's writes applied as worked out on the
-    snapshot, or fn run again under the lock because what it read had changed, or
-    because it read a key it had written itself."""
+    """How `KV.transact_optimistic` calls went: fn's writes applied as worked out on a
+    snapshot, or fn run again under the lock because what it read had changed on every
+    snapshot, or because it read a key it had written itself."""
 
     applied: int = 0
     changed: int = 0
     overlapped: int = 0
+    retried: int = 0  # worked out again on a new snapshot after a change
 
 
 class KVError(Exception):

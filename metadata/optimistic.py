@@ -19,19 +19,22 @@ Rules:
 - fn must decide from its arguments and its reads only (no clock, no randomness, no
   state kept between runs that changes what it writes), as a transaction function
   retried by FoundationDB must.
-- When an answer differs (another transaction changed what fn read), or fn reads a key
-  it wrote before in the same run (the recorder cannot answer that from a snapshot), fn
-  runs again the ordinary way, inside the read-write transaction: the result is always
-  what `kv.transact(fn)` would have given.
+- When an answer differs (another transaction changed what fn read), fn is worked out
+  again on a new snapshot, up to `SNAPSHOT_TRIES` snapshots in all; after that, or as
+  soon as fn reads a key it wrote before in the same run (the recorder cannot answer
+  that from a snapshot), fn runs again the ordinary way, inside the read-write
+  transaction: the result is always what `kv.transact(fn)` would have given.
 - An exception raised by fn on the snapshot propagates, and nothing is written.
 - The caller's `OptimisticCounts`, if given, counts the outcomes: applied, changed (ran
-  again), overlapped (ran again).
+  under the lock after its last snapshot changed), overlapped (ran under the lock), and
+  retried (snapshots that changed before the last).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from metadata.kv import KV, OptimisticCounts, ReadTransaction, Transaction
@@ -140,6 +143,9 @@ class _Recorder:
 
 
 _CHANGED = object()
+# Snapshots fn is worked out on before it runs under the lock: a change between one and
+# its check is most often another job's commit, done by the next snapshot.
+SNAPSHOT_TRIES = 2
 
 
 async def transact_optimistic(
@@ -156,23 +162,28 @@ async def transact_optimistic(
         except _Overlap:
             return None
 
-    ran = await kv.read(on_snapshot)
-    if ran is None:
-        counts.overlapped += 1
-        return await kv.transact(fn)
-    recorder, result = ran
+    for attempt in range(SNAPSHOT_TRIES):
+        ran = await kv.read(on_snapshot)
+        if ran is None:
+            counts.overlapped += 1
+            return await kv.transact(fn)
+        recorder, result = ran
+        applied = await kv.transact(partial(_apply, recorder, result))
+        if applied is not _CHANGED:
+            counts.applied += 1
+            return result
+        if attempt + 1 < SNAPSHOT_TRIES:
+            counts.retried += 1
+    counts.changed += 1
+    return await kv.transact(fn)
 
-    def apply(tr: Transaction) -> object:
-        for name, args, kwargs, answer in recorder.reads:
-            if getattr(tr, name)(*args, **kwargs) != answer:
-                return _CHANGED
-        for name, args in recorder.writes:
-            getattr(tr, name)(*args)
-        return result
 
-    applied = await kv.transact(apply)
-    if applied is _CHANGED:
-        counts.changed += 1
-        return await kv.transact(fn)
-    counts.applied += 1
+def _apply(recorder: _Recorder, result: object, tr: Transaction) -> object:
+    """Under the lock: the recorded reads asked again, and the kept writes made if every
+    answer is the same (else _CHANGED, nothing written)."""
+    for name, args, kwargs, answer in recorder.reads:
+        if getattr(tr, name)(*args, **kwargs) != answer:
+            return _CHANGED
+    for name, args in recorder.writes:
+        getattr(tr, name)(*args)
     return result

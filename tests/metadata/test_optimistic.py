@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from metadata.kv import KV, OptimisticCounts, Transaction
-from metadata.optimistic import transact_optimistic
+from metadata.optimistic import SNAPSHOT_TRIES, transact_optimistic
 from tests.metadata.conftest import Backend
 
 
@@ -37,7 +37,7 @@ async def test_writes_are_applied_when_the_reads_still_hold(kv: KV) -> None:
     }
 
 
-async def test_a_change_after_the_snapshot_runs_fn_again_under_the_lock(kv: KV) -> None:
+async def test_a_change_after_the_snapshot_works_fn_out_on_a_new_one(kv: KV) -> None:
     kv.transact_sync(lambda tr: tr.set(b"k", b"1"))
     seen = []
 
@@ -52,8 +52,28 @@ async def test_a_change_after_the_snapshot_runs_fn_again_under_the_lock(kv: KV) 
     counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == b"2"
     assert seen == [b"1", b"2"]
-    assert _outcomes(counts) == (0, 1, 0)
-    assert await kv.read(lambda tr: tr.get(b"copy")) == b"2"  # not the snapshot's b"1"
+    assert (*_outcomes(counts), counts.retried) == (1, 0, 0, 1)
+    assert await kv.read(lambda tr: tr.get(b"copy")) == b"2"  # not the first snapshot's b"1"
+
+
+async def test_a_change_after_every_snapshot_runs_fn_again_under_the_lock(kv: KV) -> None:
+    kv.transact_sync(lambda tr: tr.set(b"k", b"0"))
+    seen = []
+
+    def fn(tr: Transaction) -> bytes | None:
+        value = tr.get(b"k")
+        seen.append(value)
+        if len(seen) <= SNAPSHOT_TRIES:  # on each snapshot, a commit before its check
+            kv.transact_sync(lambda other: other.set(b"k", b"%d" % len(seen)))
+        tr.set(b"copy", value or b"")
+        return value
+
+    counts = OptimisticCounts()
+    last = b"%d" % SNAPSHOT_TRIES
+    assert await transact_optimistic(kv, fn, counts) == last
+    assert seen == [b"%d" % i for i in range(SNAPSHOT_TRIES + 1)]
+    assert (*_outcomes(counts), counts.retried) == (0, 1, 0, SNAPSHOT_TRIES - 1)
+    assert await kv.read(lambda tr: tr.get(b"copy")) == last
 
 
 async def test_a_range_that_gained_a_key_is_a_change(kv: KV) -> None:
@@ -70,7 +90,7 @@ async def test_a_range_that_gained_a_key_is_a_change(kv: KV) -> None:
 
     counts = OptimisticCounts()
     assert await transact_optimistic(kv, fn, counts) == 2
-    assert _outcomes(counts) == (0, 1, 0)
+    assert (*_outcomes(counts), counts.retried) == (1, 0, 0, 1)
     assert await kv.read(lambda tr: tr.get(b"count")) == b"2"
 
 
