@@ -249,7 +249,11 @@ class Kafka(System):
             )
             + "\n"
         )
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # A random id, not one starting with "-" (the tool would read it as an option;
+        # Kafka's own Uuid.randomUuid draws again for the same reason).
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         run_tool(
             [*kafka_class("kafka.tools.StorageTool"), "format", "-t", cluster_id, "-c", str(props)]
         )
