@@ -22,9 +22,10 @@ Rules:
   what a killed agent's compaction leaves: claims that expire, an upload the orphan
   sweep deletes, or a committed job whose inputs garbage collection deletes.
 - Its counters come back through a pipe once a second, when they moved: its compaction
-  stats stand for the agent's (the stats file, /metrics), and the object-store
-  requests and metadata transactions it made are added to the agent's, so that metrics
-  and benchmarks count the same work wherever compaction runs.
+  stats stand for the agent's (the stats file, /metrics), going on from those of the
+  processes before it, and its object-store requests and metadata store counters
+  (transactions; checkpoints, as its SQLite store runs them too) are added to the
+  agent's, so that metrics and benchmarks count the same work wherever it runs.
 - The agent's object cache is not the process's. With a remote store compaction would
   GET recent ingest files the agent still holds, so the option is on by default with a
   local folder only (whose reads come from the page cache either way).
