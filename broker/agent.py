@@ -449,8 +449,7 @@ class Agent:
         return topic
 
     def topic_config(self, topic: topics.Topic, name: str) -> str:
-        value = topic.configs.get(name)
-        return value if value is not None else self.config.topic_defaults.get(name, "")
+        return self.config.topic_config(topic, name)
 
     # -- placement -------------------------------------------------------------------
 

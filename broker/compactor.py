@@ -40,9 +40,8 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -50,7 +49,7 @@ from broker import faults, logformat
 from broker.compaction import Compaction, CompactionSettings, CompactionStats
 from broker.costs import AccountingStore, Ledger
 from broker.lean import leave_out_test_only_modules
-from broker.workers import Spent, StoreSpec, WorkerPool, add_spent, die_with_parent
+from broker.workers import Spent, StoreSpec, WorkerPool, add_spent, die_with_parent, moved
 from metadata import compaction as compaction_layer
 from metadata import keys, topics
 from metadata.kv import KV, open_kv
@@ -69,9 +68,6 @@ logger = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # how often the agent looks at the process and takes its counters
 RESTART_PAUSE_S = 5.0
-
-K = TypeVar("K")
-N = TypeVar("N", int, float)
 
 
 def compaction_settings(config: BrokerConfig, *, apart: bool = False) -> CompactionSettings:
@@ -250,8 +246,7 @@ class _Helper:
         return int(self._node_id.value)
 
     def topic_config(self, topic: topics.Topic, name: str) -> str:
-        value = topic.configs.get(name)
-        return value if value is not None else self.config.topic_defaults.get(name, "")
+        return self.config.topic_config(topic, name)
 
     async def all_topics(self) -> list[topics.Topic]:
         return await self.kv.read(lambda tr: topics.list_topics(tr, self.sub))
@@ -273,8 +268,9 @@ def _main(
 
 async def _serve(config: BrokerConfig, node_id: Any, conn: Connection) -> None:
     kv = open_kv(config.resolved_metadata_url, threads=ThreadPool)
-    # Blocking calls: one per job at once (thread workers), and one for the report.
-    spec = StoreSpec.of(config, blocking_calls=config.compaction_max_jobs + 1, worker=True)
+    # Blocking calls: one per job at once (with thread workers; process workers open
+    # the store themselves).
+    spec = StoreSpec.of(config, blocking_calls=config.compaction_max_jobs, worker=True)
     store = AccountingStore(spec.open(), Ledger())
     compaction = new_compaction(_Helper(config, kv, store, node_id), config, apart=True)
     try:
@@ -304,11 +300,11 @@ async def _report_loop(
         requests, sizes = store.ledger.copy()
         store_now, metadata_now = dict(store_stats), dict(metadata)
         spent = Spent(
-            _moved(sent_requests, requests),
-            _moved(sent_sizes, sizes),
-            _moved(sent_store, store_now),
+            moved(sent_requests, requests),
+            moved(sent_sizes, sizes),
+            moved(sent_store, store_now),
         )
-        moved_metadata = _moved(sent_metadata, metadata_now)
+        moved_metadata = moved(sent_metadata, metadata_now)
         if stats == sent_stats and not (
             spent.requests or spent.bytes or spent.stats or moved_metadata
         ):
@@ -316,7 +312,3 @@ async def _report_loop(
         conn.send(_Report(stats, spent, moved_metadata, time.process_time()))
         sent_stats, sent_requests, sent_sizes = stats, requests, sizes
         sent_store, sent_metadata = store_now, metadata_now
-
-
-def _moved(before: Mapping[K, float], now: Mapping[K, N]) -> dict[K, N]:
-    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}  # type: ignore[misc]

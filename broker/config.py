@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from broker.groups.assignors import ASSIGNORS
 from broker.groups.settings import ConsumerGroupSettings
 from broker.listeners import Listener, SecurityProtocol, advertised_for
+
+if TYPE_CHECKING:
+    from metadata.topics import Topic
 
 # SASL mechanisms this broker can serve (Kafka's sasl.enabled.mechanisms names).
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -263,6 +267,11 @@ class BrokerConfig:
     @property
     def is_local_store(self) -> bool:
         return self.resolved_storage_url.startswith("file://")
+
+    def topic_config(self, topic: Topic, name: str) -> str:
+        """A topic's config: its own value, else this broker's default ("" if none)."""
+        value = topic.configs.get(name)
+        return value if value is not None else self.topic_defaults.get(name, "")
 
     @property
     def compacts_apart(self) -> bool:

@@ -26,10 +26,10 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.costs import AccountingStore, Ledger
 from broker.lean import leave_out_test_only_modules
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+
+K = TypeVar("K")
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,11 @@ class Spent:
     requests: dict[tuple[str, str], float]
     bytes: dict[tuple[str, str], float]
     stats: dict[str, int]
+
+
+def moved(before: Mapping[K, float], now: Mapping[K, N]) -> dict[K, N]:
+    """The counters of `now` that moved since `before`, by how much."""
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}  # type: ignore[misc]
 
 
 def add_spent(store: Any, spent: Spent) -> None:
@@ -217,6 +225,5 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Spent]:
     stats = getattr(store.inner, "stats", {})
     before = dict(stats)
     result = fn(store, *args)
-    moved = {k: v - before.get(k, 0) for k, v in stats.items() if v != before.get(k, 0)}
     requests, sizes = store.ledger.copy()
-    return result, Spent(requests, sizes, moved)
+    return result, Spent(requests, sizes, moved(before, stats))
