@@ -108,6 +108,14 @@ def test_the_kill_loop_reports_an_acknowledged_batch_the_broker_dropped(tmp_path
     anomalies = report["check"]["anomalies"]
     assert anomalies["missing"] >= 1
     assert {kind: n for kind, n in anomalies.items() if n} == {"missing": anomalies["missing"]}
+    # A plain producer's retry may follow an attempt whose commit landed before its agent
+    # was killed: that record is in the log once, but not where the dropped retry's
+    # acknowledgement said. At least one dropped batch is nowhere at all.
+    assert report["check"]["missing_found_elsewhere"] < anomalies["missing"]
     for missing in report["check"]["examples"]["missing"]:
-        assert missing["ack"]["producer"].startswith("plain")
-        assert missing["found_at"] == []  # not anywhere in the log
+        ack = missing["ack"]
+        assert ack["producer"].startswith("plain")
+        assert all(
+            partition == ack["partition"] and offset != ack["offset"]
+            for partition, offset in missing["found_at"]
+        )
