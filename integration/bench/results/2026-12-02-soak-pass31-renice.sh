@@ -1,5 +1,5 @@
 #!/bin/bash
-# renice_child.sh N: once the agent's compaction process is up, every thread of it to nice N (again every 2 s, for threads started later)
+# 2026-12-02-soak-pass31-renice.sh N, beside a soak: once the agent's compaction process is up, every thread of it to nice N (again every 2 s, for threads started later)
 while true; do
   for pid in $(pgrep -f "spawn_main\(tracker_fd=[0-9]+, pipe_handle=[0-9]+\) --multiprocessing-fork"); do
     ni=$(ps -o ni= -p $pid | tr -d ' ')
