@@ -451,9 +451,18 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         _non_negative,
         None,
         "how fast a compaction worker process writes an output to the local store at most,"
-        " in bytes per second (default 0: as fast as the disk takes it; as Kafka's"
+        " in bytes per second, while compaction keeps up (--compaction-unpaced-after-ms)"
+        " (default 0: as fast as the disk takes it; as Kafka's"
         " log.cleaner.io.max.bytes.per.second, unlimited by default); only with"
         " --compaction-workers process and a file:// store",
+    ),
+    (
+        "compaction-unpaced-after-ms",
+        _positive,
+        None,
+        "with --compaction-write-bytes-per-s: a level-1 job whose oldest input has waited"
+        " longer than this is written unpaced, and so are the jobs after it until one's"
+        " inputs are younger (compaction has fallen behind its pace; default 120000)",
     ),
     (
         "compaction-lease-ms",
@@ -720,6 +729,18 @@ def _worker_nice(workers: str, nice: int | None) -> int:
     return nice
 
 
+def _unpaced_after(pace: int | None, after_ms: int | None) -> int:
+    """How long compaction's inputs wait before its jobs go unpaced (only with a pace)."""
+    if after_ms is None:
+        return 120_000
+    if not pace:
+        raise ValueError(
+            "--compaction-unpaced-after-ms takes effect only with"
+            " --compaction-write-bytes-per-s: without a pace every job is written unpaced"
+        )
+    return after_ms
+
+
 def _zone(zone: str | None, rack: str | None) -> str | None:
     """The agent's zone from --zone and its older name --rack (empty: none)."""
     if zone is not None and rack is not None and zone != rack:
@@ -794,6 +815,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
         compaction_write_bytes_per_s=args.compaction_write_bytes_per_s or 0,
+        compaction_unpaced_after_ms=_unpaced_after(
+            args.compaction_write_bytes_per_s, args.compaction_unpaced_after_ms
+        ),
         compaction_process=args.compaction_process,
         local_segments=args.local_segments,
         compaction_lease_ms=args.compaction_lease_ms,

@@ -45,6 +45,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -66,7 +67,7 @@ from metadata.log import ChunkEntry
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
 from storage.ingest import encode_ingest_parts, new_object_key
-from storage.objectstore import ObjectStore
+from storage.objectstore import ObjectStore, unpaced
 
 if TYPE_CHECKING:
     from broker.workers import WorkerPool
@@ -83,6 +84,10 @@ class CompactionSettings:
     enabled: bool = True
     interval_ms: int = 5_000
     min_age_ms: int = 30_000
+    # With a pace for the workers' writes: a level-1 job whose oldest input waited longer
+    # is written unpaced, and so are the jobs after it until a level-1 job's inputs are
+    # younger (compaction is behind). None: no pace.
+    unpaced_after_ms: int | None = None
     max_inputs: int = 32
     max_job_bytes: int = 64 * 1024 * 1024
     max_entries: int = 2_000
@@ -120,6 +125,7 @@ class CompactionStats:
     entries_replaced: int = 0
     entries_written: int = 0
     cpu_seconds: float = 0.0  # of the jobs' workers
+    unpaced_jobs: int = 0  # written at the disk's pace: compaction was behind
     # Level-2 plans and job commits worked out on a snapshot that had changed by their
     # check (or that read their own writes), run again under the lock.
     l2_plans_rerun: int = 0
@@ -191,9 +197,14 @@ def _picklable(data: bytes | memoryview) -> bytes:
 
 
 def build_output(
-    store: ObjectStore, plan: Plan, cached: Mapping[str, bytes | memoryview], output_key: str
+    store: ObjectStore,
+    plan: Plan,
+    cached: Mapping[str, bytes | memoryview],
+    output_key: str,
+    paced: bool = True,
 ) -> _Built:
-    """Read the plan's entries, write its output object; in a worker thread."""
+    """Read the plan's entries, write its output object (`paced`: no faster than the
+    store's pace for large writes, if it has one); in a worker thread or process."""
     started = time.thread_time()
     by_object: dict[str, list[ChunkEntry]] = {}
     for e in plan.entries:
@@ -228,7 +239,8 @@ def build_output(
     # Written from its pieces: the batches go from the inputs (mapped) to the file's
     # buffer without a joined copy of the whole output in between.
     parts, locations = encode_ingest_parts(chunks)
-    store.put_parts_sync(output_key, parts, if_absent=True)
+    with contextlib.nullcontext() if paced else unpaced():
+        store.put_parts_sync(output_key, parts, if_absent=True)
     return _Built(
         sum(len(part) for part in parts),
         [loc.start for loc in locations],
@@ -267,6 +279,7 @@ class Compaction:
         self._threads = anyio.CapacityLimiter(max(1, settings.max_jobs))
         self._l2_after: tuple[bytes, int] | None = None  # the partition planned last
         self._l2_plans = OptimisticCounts()
+        self._behind = False  # the last level-1 job's oldest input waited too long
         self._commits = OptimisticCounts()
         self.stats = CompactionStats()
 
@@ -397,6 +410,19 @@ class Compaction:
         except Exception as exc:  # the claims expire by themselves
             logger.warning("giving up a compaction job's claims failed: %s", exc)
 
+    def _paced(self, plan: Plan, now_ms: int | None = None) -> bool:
+        """Whether the plan's output is written at the store's pace: not once a level-1
+        job's oldest input has waited longer than `unpaced_after_ms`, nor any job after
+        it until a level-1 job's inputs are younger again (a level-2 job's inputs are
+        meant to wait; the level-1 jobs tell whether compaction keeps up)."""
+        if self.settings.unpaced_after_ms is None:
+            return True
+        if plan.level == 1 and plan.queued:
+            oldest = min(created_ms for created_ms, _key in plan.queued)
+            waited = (_now_ms() if now_ms is None else now_ms) - oldest
+            self._behind = waited > self.settings.unpaced_after_ms
+        return not self._behind
+
     async def run_job(self, plan: Plan) -> bool:
         """Read, build, upload and commit one planned job; whether it was committed."""
         agent, s = self._agent, self.settings
@@ -407,6 +433,9 @@ class Compaction:
             if key in agent.cache and (data := agent.cache.get(key)) is not None
         }
         output_key = new_object_key(OUTPUT_PREFIX)
+        paced = self._paced(plan)
+        if not paced:
+            self.stats.unpaced_jobs += 1
         upload_began = anyio.current_time()
         built: _Built
         if self._pool is not None:
@@ -416,11 +445,11 @@ class Compaction:
                 cached = {}
             else:  # sent to the worker process: a view is not picklable, bytes are
                 cached = {key: _picklable(data) for key, data in cached.items()}
-            built, spent = await self._pool.run(build_output, plan, cached, output_key)
+            built, spent = await self._pool.run(build_output, plan, cached, output_key, paced)
             add_spent(agent.store, spent)
         else:
             built = await anyio.to_thread.run_sync(
-                partial(build_output, agent.store, plan, cached, output_key),
+                partial(build_output, agent.store, plan, cached, output_key, paced),
                 limiter=self._threads,
             )
         self.stats.bytes_read += built.bytes_read

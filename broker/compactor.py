@@ -76,6 +76,9 @@ def compaction_settings(config: BrokerConfig, *, apart: bool = False) -> Compact
         enabled=config.compaction,
         interval_ms=config.compaction_interval_ms,
         min_age_ms=config.compaction_min_age_ms,
+        unpaced_after_ms=(
+            config.compaction_unpaced_after_ms if config.compaction_write_bytes_per_s else None
+        ),
         max_inputs=config.compaction_max_inputs,
         max_job_bytes=config.compaction_max_job_bytes,
         max_entries=config.compaction_max_entries,

@@ -108,8 +108,11 @@ class BrokerConfig:
     # Compaction in a process of its own beside the agent (broker.compactor); None: with
     # a local folder only.
     compaction_process: bool | None = None
-    # Bytes per second a worker process writes a large local object at most (0: unpaced).
+    # Bytes per second a worker process writes a large local object at most (0: unpaced),
+    # and how long level-0 inputs may have waited before jobs are written unpaced all the
+    # same (compaction is behind).
     compaction_write_bytes_per_s: int = 0
+    compaction_unpaced_after_ms: int = 120_000
     # The flushes packed into segment files in a local folder (storage.segments); None:
     # on for a local folder, and no store but a local folder takes True.
     local_segments: bool | None = None

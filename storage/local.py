@@ -53,6 +53,7 @@ from storage.objectstore import (
     ObjectNotFoundError,
     ObjectStoreError,
     new_stats,
+    pacing,
 )
 from storage.segments import (
     SEGMENT_FOLDER,
@@ -81,7 +82,8 @@ SYNC_PIECE = 2 << 20
 # set in compaction's worker processes by --compaction-write-bytes-per-s). Even synced
 # every 2 MiB, a writer at the disk's full speed kept the small writer above at 14-16 ms
 # p99; paced to 100 MB/s, 2.9 and 10.8 ms, to 200 MB/s 13.6-13.8 ms
-# (integration/bench/fsync_beside.py, two rounds of 20 s each).
+# (integration/bench/fsync_beside.py, two rounds of 20 s each). A caller that must not
+# wait (compaction fallen behind its inputs) puts inside `storage.objectstore.unpaced()`.
 
 # A large object may be written with O_DIRECT (`large_writes_direct`, set in
 # compaction's worker processes): its bytes go from an aligned buffer to the disk, not
@@ -225,7 +227,7 @@ class LocalObjectStore:
                 parts,
                 size,
                 if_absent,
-                self.large_write_bytes_per_s,
+                self.large_write_bytes_per_s if pacing() else None,
                 self.large_writes_direct,
             )
         )

@@ -8,7 +8,9 @@ All methods are async; blocking client libraries run in worker threads.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +35,25 @@ class ObjectInfo:
 
 
 STAT_NAMES = ("puts", "gets", "deletes", "lists", "bytes_put", "bytes_got")
+
+_UNPACED: contextvars.ContextVar[bool] = contextvars.ContextVar("unpaced", default=False)
+
+
+@contextlib.contextmanager
+def unpaced() -> Iterator[None]:
+    """Puts made inside (in this thread, or this task) are written as fast as the store
+    takes them, whatever pace it keeps for large writes (a local folder's
+    `large_write_bytes_per_s`)."""
+    token = _UNPACED.set(True)
+    try:
+        yield
+    finally:
+        _UNPACED.reset(token)
+
+
+def pacing() -> bool:
+    """Whether a put made here keeps the store's pace (not inside `unpaced()`)."""
+    return not _UNPACED.get()
 
 
 class RangeStream(Protocol):

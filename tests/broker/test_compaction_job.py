@@ -4,6 +4,7 @@ planned in real SQLite metadata."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 from functools import partial
 from pathlib import Path
@@ -11,10 +12,12 @@ from pathlib import Path
 import anyio
 import pytest
 
+from broker import compaction as compaction_module
 from broker.compaction import Compaction, CompactionSettings, _picklable, build_output
 from metadata import compaction, keys, log, topics
 from metadata.sqlite_kv import SQLiteKV
 from protocol.records import build_batch, iter_batches
+from storage import local
 from storage.cache import ObjectCache
 from storage.ingest import decode_footer, encode_ingest_file
 from storage.local import LocalObjectStore
@@ -251,3 +254,41 @@ def test_a_cached_object_goes_to_a_worker_process_as_bytes_without_a_copy() -> N
     assert part == b"x" * 10 and isinstance(part, bytes)
     mapped = _picklable(memoryview(bytearray(b"abc")))
     assert mapped == b"abc" and isinstance(mapped, bytes)
+
+
+async def test_outputs_keep_the_stores_pace_until_compaction_falls_behind(setup, monkeypatch):
+    """A level-1 job whose oldest input waited longer than unpaced_after_ms is written as
+    fast as the store takes it, and so is each job after it until a level-1 job's inputs
+    are younger; the others keep the store's pace for large writes."""
+    kv, store, topic = setup
+    paced_store = LocalObjectStore(store.root, large_write_bytes_per_s=16 << 20)
+    slept: list[float] = []
+    monkeypatch.setattr(local.time, "sleep", slept.append)  # the pace's waits, not slept
+    big = [[os.urandom(1 << 20)], [os.urandom(1 << 20)]]  # 2 MiB an input: 4 MiB a job
+    job = Compaction(
+        _Agent(kv, paced_store),
+        CompactionSettings(max_inputs=2, min_age_ms=1, unpaced_after_ms=60_000),
+    )
+    # Inputs committed at 1 ms after the epoch: far behind.
+    _ingest(kv, store, topic, "ingest/a", {0: big})
+    _ingest(kv, store, topic, "ingest/b", {0: big})
+    assert await job.run_pass() == 1
+    assert (job.stats.l1_jobs, job.stats.unpaced_jobs) == (1, 1)
+    assert slept == []
+    # The same inputs' age seen from 1 s after the epoch: keeping up.
+    monkeypatch.setattr(compaction_module, "_now_ms", lambda: 1_000)
+    _ingest(kv, store, topic, "ingest/c", {1: big})
+    _ingest(kv, store, topic, "ingest/d", {1: big})
+    assert await job.run_pass() == 1
+    assert (job.stats.l1_jobs, job.stats.unpaced_jobs) == (2, 1)
+    assert sum(slept) > 0.1, "4 MiB at 16 MiB/s: three pieces wait a sixteenth of a second"
+    # A level-2 job follows the level-1 job before it.
+    behind = compaction.Plan(level=1, entries=(), queued=((1, "ingest/x"),))
+    level_two = compaction.Plan(level=2, entries=())
+    assert not job._paced(behind, now_ms=60_002) and not job._paced(level_two)
+    assert job._paced(compaction.Plan(level=1, entries=(), queued=((1, "ingest/y"),)), 60_001)
+    assert job._paced(level_two)
+    # Without a pace (no unpaced_after_ms) every job is as the store writes it.
+    unpaced_store = Compaction(_Agent(kv, store), CompactionSettings())
+    assert unpaced_store._paced(behind, now_ms=60_002) and unpaced_store._paced(level_two)
+    assert unpaced_store.stats.unpaced_jobs == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from broker.compaction import Compaction, CompactionSettings, build_output
+from broker.compactor import compaction_settings
 from broker.costs import UNATTRIBUTED, AccountingStore, Ledger
 from broker.workers import StoreSpec, WorkerPool, add_spent
 from metadata import log
@@ -228,11 +229,20 @@ async def test_the_workers_store_paces_its_large_writes_and_the_agents_does_not(
 
 
 def test_the_write_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("COMPACTION_WORKERS", "COMPACTION_WRITE_BYTES_PER_S", "STORAGE", "CONFIG"):
+    for name in ("COMPACTION_WORKERS", "COMPACTION_WRITE_BYTES_PER_S", "COMPACTION_UNPACED_AFTER_MS",
+                 "STORAGE", "CONFIG"):  # fmt: skip
         monkeypatch.delenv(f"BUCKETLOG_{name}", raising=False)
     assert _config().compaction_write_bytes_per_s == 0  # unpaced, as Kafka's cleaner
+    assert _config().compaction_unpaced_after_ms == 120_000
+    with pytest.raises(ValueError, match="only with --compaction-write-bytes-per-s"):
+        _config("--compaction-unpaced-after-ms", "5000")  # no pace: it would do nothing
     monkeypatch.setenv("BUCKETLOG_COMPACTION_WRITE_BYTES_PER_S", "1000000")
     assert _config().compaction_write_bytes_per_s == 1_000_000
+    assert _config("--compaction-unpaced-after-ms", "5000").compaction_unpaced_after_ms == 5_000
+    assert compaction_settings(_config()).unpaced_after_ms == 120_000
+    monkeypatch.setenv("BUCKETLOG_COMPACTION_WRITE_BYTES_PER_S", "0")
+    assert compaction_settings(_config()).unpaced_after_ms is None  # no pace to leave
+    monkeypatch.setenv("BUCKETLOG_COMPACTION_WRITE_BYTES_PER_S", "1000000")
     # Writes it would not pace are refused, not ignored: a thread's, an S3 store's.
     with pytest.raises(ValueError, match="worker processes"):
         _config("--compaction-workers", "thread")
@@ -240,9 +250,10 @@ def test_the_write_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:
         _config("--storage", "s3://bucket/prefix")
     assert _config("--compaction-write-bytes-per-s", "0", "--storage", "s3://b/p")
     monkeypatch.delenv("BUCKETLOG_COMPACTION_WRITE_BYTES_PER_S")
-    with pytest.raises(SystemExit) as exited:
-        _config("--compaction-write-bytes-per-s", "-1")
-    assert exited.value.code == 2
+    for bad in (["--compaction-write-bytes-per-s", "-1"], ["--compaction-unpaced-after-ms", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            _config(*bad)
+        assert exited.value.code == 2
 
 
 def test_the_agents_flushes_go_into_segments_unless_told_not_to(
