@@ -1,7 +1,7 @@
 """How long a flush's small write and fsync takes beside a writer of large objects.
 
 `.venv/bin/python integration/bench/fsync_beside.py [--seconds 20] [--dir PATH]
-[--writer MODE ...] [--delete HOW ...] [--rounds 1] [--out FILE]` runs, in a folder on
+[--writer MODE ...] [--delete HOW ...] [--small HOW ...] [--rounds 1] [--out FILE]` runs, in a folder on
 the disk under test (default: a temporary folder next to this checkout), a small writer
 that writes 100 KB to a new file and fsyncs it every 5 ms, as the agent's flushes do,
 and beside it a large writer that writes 64 MiB files one after the other, as
@@ -21,6 +21,12 @@ How the large writer deletes each file when done (`--delete`, one or more):
 - `pieces`: by the local store's own delete (storage/local.py): unlinked, then its
   blocks freed 4 MiB at a time (ftruncate from its end);
 - `keep`: not at all (the files stay until the mode's end).
+
+How the small writer writes (`--small`, one or more): `new-file` (a new file each time,
+fsync'd and unlinked), `append` (the next page-aligned place of one file, pwritev and
+fdatasync, as a segment file's record), `overwrite` (the same into a file whose blocks
+were all written with zeros before the run: no block to allocate) or `overwrite-dsync`
+(the same with pwritev's RWF_DSYNC instead of an fdatasync).
 
 For each mode and deletion it prints the small writer's p50, p99 and maximum per
 write-and-fsync and the large writer's MB/s. Each writer is a process of its own (as the agent and its
@@ -48,6 +54,7 @@ PIECE = 1 << 20
 SYNC_PIECE = 2 << 20
 MODES = ("alone", "sync-2m", "sync-2m-100mbs", "direct", "direct-100mbs")
 DELETES = ("unlink", "pieces", "keep")
+SMALLS = ("new-file", "append", "overwrite", "overwrite-dsync")
 
 
 def _mode(value: str) -> str:
@@ -57,22 +64,41 @@ def _mode(value: str) -> str:
     return value
 
 
-def small_writer(folder: str, seconds: float, out: multiprocessing.Queue) -> None:
+def small_writer(
+    folder: str, seconds: float, out: multiprocessing.Queue, small: str = "new-file"
+) -> None:
     data = os.urandom(SMALL_BYTES)
     times: list[float] = []
     end = time.monotonic() + seconds
     n = 0
+    span = -(-SMALL_BYTES // 4096) * 4096  # each write at a page boundary, as a segment's
+    segment = None
+    if small != "new-file":
+        segment = os.open(os.path.join(folder, "segment"), os.O_RDWR | os.O_CREAT, 0o644)
+        if small.startswith("overwrite"):  # written (not only allocated) before the run
+            zeros = bytes(1 << 20)
+            for at in range(0, int(seconds / SMALL_EVERY_S + 1) * span, 1 << 20):
+                os.pwrite(segment, zeros, at)
+            os.fsync(segment)
     while time.monotonic() < end:
-        path = os.path.join(folder, f"small-{n}")
         began = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(fd)
+        if segment is None:
+            path = os.path.join(folder, f"small-{n}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, data)
+            os.fsync(fd)
+            os.close(fd)
+            os.unlink(path)
+        elif small == "overwrite-dsync":
+            os.pwritev(segment, [data], n * span, os.RWF_DSYNC)
+        else:  # append, overwrite: as a segment's record is written
+            os.pwritev(segment, [data], n * span)
+            os.fdatasync(segment)
         times.append((time.perf_counter() - began) * 1000)
-        os.unlink(path)
         n += 1
         time.sleep(SMALL_EVERY_S)
+    if segment is not None:
+        os.close(segment)
     out.put(times)
 
 
@@ -122,7 +148,9 @@ def large_writer(
     out.put(total / (time.monotonic() - began) / 1e6)
 
 
-def run_mode(folder: str, mode: str, seconds: float, delete: str) -> dict[str, float | str]:
+def run_mode(
+    folder: str, mode: str, seconds: float, delete: str, small_mode: str = "new-file"
+) -> dict[str, float | str]:
     results: multiprocessing.Queue = multiprocessing.Queue()
     stop = multiprocessing.Event()
     large = None
@@ -133,7 +161,9 @@ def run_mode(folder: str, mode: str, seconds: float, delete: str) -> dict[str, f
         large.start()
         time.sleep(1.0)
     small_results: multiprocessing.Queue = multiprocessing.Queue()
-    small = multiprocessing.Process(target=small_writer, args=(folder, seconds, small_results))
+    small = multiprocessing.Process(
+        target=small_writer, args=(folder, seconds, small_results, small_mode)
+    )
     small.start()
     times = sorted(small_results.get())
     small.join()
@@ -146,6 +176,7 @@ def run_mode(folder: str, mode: str, seconds: float, delete: str) -> dict[str, f
         os.unlink(os.path.join(folder, name))
     return {
         "mode": mode,
+        "small": small_mode,
         **({"delete": delete} if large is not None else {}),
         "fsyncs": len(times),
         "p50_ms": round(statistics.median(times), 2),
@@ -161,6 +192,7 @@ def main() -> None:
     parser.add_argument("--dir", default=str(Path(__file__).resolve().parents[2]))
     parser.add_argument("--writer", action="append", type=_mode)
     parser.add_argument("--delete", action="append", choices=DELETES)
+    parser.add_argument("--small", action="append", choices=SMALLS)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -171,10 +203,11 @@ def main() -> None:
             for mode in modes:
                 deletes = ["unlink"] if mode == "alone" else args.delete or ["unlink"]
                 for delete in deletes:
-                    row = run_mode(folder, mode, args.seconds, delete)
-                    row["round"] = round_ + 1
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    for small in args.small or ["new-file"]:
+                        row = run_mode(folder, mode, args.seconds, delete, small)
+                        row["round"] = round_ + 1
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
 
