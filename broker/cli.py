@@ -24,7 +24,7 @@ import anyio
 
 from broker import logformat
 from broker.authentication import Authentication
-from broker.config import SSL_CLIENT_AUTH, BrokerConfig
+from broker.config import COMPACTION_UNPACED_AFTER_MS, SSL_CLIENT_AUTH, BrokerConfig
 from broker.groups.assignors import ASSIGNORS
 from broker.listeners import format_listeners, parse_listeners
 from broker.registry import AgentRegistry
@@ -451,9 +451,9 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         _non_negative,
         None,
         "how fast a compaction worker process writes an output to the local store at most,"
-        " in bytes per second, while compaction keeps up (--compaction-unpaced-after-ms)"
-        " (default 0: as fast as the disk takes it; as Kafka's"
-        " log.cleaner.io.max.bytes.per.second, unlimited by default); only with"
+        " in bytes per second, while compaction keeps up (see --compaction-unpaced-after-ms;"
+        " default 0: as fast as the disk takes it, as Kafka's"
+        " log.cleaner.io.max.bytes.per.second is unlimited by default); only with"
         " --compaction-workers process and a file:// store",
     ),
     (
@@ -732,7 +732,7 @@ def _worker_nice(workers: str, nice: int | None) -> int:
 def _unpaced_after(pace: int | None, after_ms: int | None) -> int:
     """How long compaction's inputs wait before its jobs go unpaced (only with a pace)."""
     if after_ms is None:
-        return 120_000
+        return COMPACTION_UNPACED_AFTER_MS
     if not pace:
         raise ValueError(
             "--compaction-unpaced-after-ms takes effect only with"

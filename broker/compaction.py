@@ -29,6 +29,10 @@ Rules:
   agent's "agent" being that process's view of it (its cache empty). A worker process is given
   the cached inputs only when the store is remote: a local folder's are in the page
   cache, and copying them to the worker would cost the agent more than the read.
+- With a pace for the workers' large writes (--compaction-write-bytes-per-s), a
+  level-1 job whose oldest input waited longer than `unpaced_after_ms` is written
+  unpaced (storage.objectstore.unpaced), and so is every job after it until a level-1
+  job's inputs are younger: a pace never leaves compaction behind for good.
 - Every input entry's bytes are walked batch by batch before the upload: the batches
   must hold exactly the entry's offsets, or the job fails and nothing is committed.
 - An output not committed within half of `orphan_min_age_ms` after its upload began is

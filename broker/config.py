@@ -18,6 +18,8 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 # ssl.client.auth values
 SSL_CLIENT_AUTH = ("none", "requested", "required")
+# How long level-0 inputs may wait before a paced compaction writes unpaced (ms).
+COMPACTION_UNPACED_AFTER_MS = 120_000
 
 # Topic configs a topic reports when it sets none itself (Apache Kafka's defaults).
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
@@ -112,7 +114,7 @@ class BrokerConfig:
     # and how long level-0 inputs may have waited before jobs are written unpaced all the
     # same (compaction is behind).
     compaction_write_bytes_per_s: int = 0
-    compaction_unpaced_after_ms: int = 120_000
+    compaction_unpaced_after_ms: int = COMPACTION_UNPACED_AFTER_MS
     # The flushes packed into segment files in a local folder (storage.segments); None:
     # on for a local folder, and no store but a local folder takes True.
     local_segments: bool | None = None
