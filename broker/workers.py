@@ -58,9 +58,9 @@ class StoreSpec:
     put_latency_ms: tuple[float, float] | None = None  # median, p99
     get_latency_ms: tuple[float, float] | None = None
     # A local store's large objects written no faster than this (None: unpaced), and with
-    # O_DIRECT (storage.local): compaction's outputs, not the agent's flushes.
+    # O_DIRECT, as are its large reads (storage.local): compaction's, not the agent's.
     large_write_bytes_per_s: float | None = None
-    large_writes_direct: bool = False
+    large_io_direct: bool = False
     # Flushes packed into segment files (storage.segments): the agent's own store only.
     segments: bool = False
 
@@ -69,7 +69,7 @@ class StoreSpec:
         cls, config: BrokerConfig, blocking_calls: int | None = None, *, worker: bool = False
     ) -> StoreSpec:
         """The agent's store (`worker`: as compaction's worker processes open it, their
-        large writes paced and direct)."""
+        large writes paced, their large I/O direct)."""
         return cls(
             config.resolved_storage_url,
             config.s3_endpoint_url,
@@ -79,7 +79,7 @@ class StoreSpec:
             config.inject_put_latency_ms or None,
             config.inject_get_latency_ms or None,
             (config.compaction_write_bytes_per_s or None) if worker else None,
-            large_writes_direct=worker,
+            large_io_direct=worker,
             segments=config.packs_flushes and not worker,
         )
 
@@ -96,7 +96,7 @@ class StoreSpec:
             s3_addressing_style=self.s3_addressing_style,
             blocking_calls=self.blocking_calls,
             large_write_bytes_per_s=self.large_write_bytes_per_s,
-            large_writes_direct=self.large_writes_direct,
+            large_io_direct=self.large_io_direct,
             segments=self.segments,
         )
         if self.put_latency_ms or self.get_latency_ms:

@@ -21,7 +21,8 @@ Rules:
   mapping holds a shared lock on its file (delete then only unlinks it, as for a range
   stream), and a file descriptor until its last view is gone, so at most `max_mappings`
   are alive; past that, and where the kernel cannot populate a mapping ahead, a range is
-  read into memory as before.
+  read into memory as before. A store with `large_io_direct` (compaction's workers)
+  reads such a range with O_DIRECT instead, a piece at a time (DIRECT_PIECE below).
 - Blocking file I/O runs in at most max_concurrency worker threads (storage.threads).
 - With `segments`, new_key gives small objects (the agent's flushes) a place in a segment
   file instead of a file of their own (storage.segments, its rules). Their keys are read,
@@ -85,15 +86,30 @@ SYNC_PIECE = 2 << 20
 # (integration/bench/fsync_beside.py, two rounds of 20 s each). A caller that must not
 # wait (compaction fallen behind its inputs) puts inside `storage.objectstore.unpaced()`.
 
-# A large object may be written with O_DIRECT (`large_writes_direct`, set in
-# compaction's worker processes): its bytes go from an aligned buffer to the disk, not
-# through the page cache. The kernel's copy into the page cache was 47% of a worker's CPU
-# (py-spy), and the dirty pages it left were what a flush's fsync waited behind: a 100 KB
-# write and fsync beside a 64 MiB writer took p99 14.3-16.1 ms with buffered writes and
-# 10.8-12.4 ms with O_DIRECT ones (fsync_beside.py). The object is not in the page cache
+# A large object may be written with O_DIRECT (`large_io_direct`, set in compaction's
+# worker processes): its bytes go from an aligned buffer to the disk, not through the
+# page cache. The kernel's copy into the page cache was 47% of a worker's CPU (py-spy),
+# and the dirty pages it left were what a flush's fsync waited behind: a 100 KB write and
+# fsync beside a 64 MiB writer took p99 14.3-16.1 ms with buffered writes and 10.8-12.4
+# ms with O_DIRECT ones (fsync_beside.py). The object is not in the page cache
 # afterwards: whoever reads it next reads the disk. A file system that refuses O_DIRECT
 # (tmpfs) gets buffered writes.
+#
+# Each direct write is O_DSYNC too, and DIRECT_PIECE long: done and durable before the
+# next is issued, so that neither the disk's queue nor its write cache ever holds more
+# than one piece of it, for a flush's write to queue behind or a flush's fdatasync (a
+# cache flush: all the cache holds) to wait for. A 100 KB append and fdatasync every 5
+# ms beside a writer of 64 MiB files, nothing deleted, took p50 / p99 19.16 / 27.89 and
+# 14.74 / 27.04 ms with 1 MiB O_DIRECT writes, 8.76 / 11.86 and 9.46 / 17.46 with 256
+# KiB ones, 5.91 / 12.01 and 7.10 / 14.85 with 1 MiB O_DSYNC ones, 2.46 / 8.91 and 2.45
+# / 6.34 with 256 KiB O_DSYNC ones (alone 1.17 / 2.75 and 1.25 / 3.79); the writer went
+# at 155-160 MB/s against 206-361 (integration/bench/fsync_beside.py --writer
+# direct-dsync --piece-kib, results/2026-12-02-fsync-beside-dsync-pass33.json). With
+# `large_io_direct`, a range of MAP_MIN bytes or more is read with O_DIRECT too,
+# DIRECT_PIECE at a time, where a mapping's readahead would queue the whole range ahead
+# of the flushes (as level 2 reads level-1 objects, which are not in the page cache).
 DIRECT_ALIGN = 4096  # offset, length and buffer address of an O_DIRECT write
+DIRECT_PIECE = 256 << 10
 IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev takes
 
 # A deleted object over DELETE_PIECE bytes has its blocks freed DELETE_PIECE at a time
@@ -167,15 +183,16 @@ class LocalObjectStore:
         *,
         max_concurrency: int = 16,
         large_write_bytes_per_s: float | None = None,
-        large_writes_direct: bool = False,
+        large_io_direct: bool = False,
         max_mappings: int | None = None,
         segments: bool = False,
     ) -> None:
         self.root = os.path.abspath(root)
         # Objects over SYNC_PIECE are written no faster than this (None: at the disk's pace)
-        # and, with large_writes_direct, with O_DIRECT where the file system allows it.
+        # and, with large_io_direct, with O_DIRECT where the file system allows it (and
+        # ranges of MAP_MIN bytes or more read so).
         self.large_write_bytes_per_s = large_write_bytes_per_s
-        self.large_writes_direct = large_writes_direct
+        self.large_io_direct = large_io_direct
         os.makedirs(self.root, exist_ok=True)
         self._threads = ThreadPool(max_concurrency, "local store")
         self.mappings = _Mappings(_default_max_mappings() if max_mappings is None else max_mappings)
@@ -228,7 +245,7 @@ class LocalObjectStore:
                 size,
                 if_absent,
                 self.large_write_bytes_per_s if pacing() else None,
-                self.large_writes_direct,
+                self.large_io_direct,
             )
         )
         self.stats["bytes_put"] += size
@@ -276,13 +293,15 @@ class LocalObjectStore:
         fd = _open_object(self._path(key), key)
         try:
             start, stop = _bounds(fd, key, start, end)
-            if stop - start >= MAP_MIN and self.mappings.works:
+            if stop - start >= MAP_MIN and (self.large_io_direct or self.mappings.works):
                 _lock_shared(fd, key)
                 # A file being deleted loses pieces from its end (_delete_file) until
                 # it is closed; with the lock held, none.
                 if os.fstat(fd).st_size < stop:
                     raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
-                view = _map(self.mappings, fd, start, stop)
+                view = _read_direct(fd, key, start, stop) if self.large_io_direct else None
+                if view is None and self.mappings.works:
+                    view = _map(self.mappings, fd, start, stop)
                 if view is not None:
                     return view
             return memoryview(_read_range(fd, key, start, stop))
@@ -438,7 +457,7 @@ def _open_new(path: str, *, direct: bool) -> tuple[int, bool]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     if direct:
         try:
-            return os.open(path, flags | os.O_DIRECT, 0o644), True
+            return os.open(path, flags | os.O_DIRECT | os.O_DSYNC, 0o644), True
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
@@ -453,12 +472,12 @@ def _write_direct(
     fd: int, parts: Sequence[bytes | memoryview], *, bytes_per_s: float | None = None
 ) -> None:
     """Write the parts in order to the empty file fd opened with O_DIRECT: copied into an
-    aligned buffer WRITE_PIECE at a time, the last piece padded to DIRECT_ALIGN with
+    aligned buffer DIRECT_PIECE at a time, the last piece padded to DIRECT_ALIGN with
     zeros and the file cut back to the parts' size after it; with `bytes_per_s`, no
     faster than that."""
     views = [memoryview(part) for part in parts if len(part)]
     size = sum(len(view) for view in views)
-    with mmap.mmap(-1, WRITE_PIECE) as buffer:  # page-aligned
+    with mmap.mmap(-1, DIRECT_PIECE) as buffer:  # page-aligned
         aligned = memoryview(buffer)
         try:
             position = 0
@@ -467,9 +486,9 @@ def _write_direct(
             while views:
                 _keep_pace(position, began, bytes_per_s)
                 n = 0
-                while views and n < WRITE_PIECE:
+                while views and n < DIRECT_PIECE:
                     view = views.pop()
-                    take = min(len(view), WRITE_PIECE - n)
+                    take = min(len(view), DIRECT_PIECE - n)
                     aligned[n : n + take] = view[:take]
                     n += take
                     if take < len(view):
@@ -604,6 +623,30 @@ def _bounds(fd: int, key: str, start: int, end: int | None) -> tuple[int, int]:
     if start < 0:
         start = max(0, st.st_size + start)
     return start, st.st_size if end is None else min(end, st.st_size)
+
+
+def _read_direct(fd: int, key: str, start: int, stop: int) -> memoryview | None:
+    """Bytes [start, stop) of the open file read with O_DIRECT, DIRECT_PIECE at a time,
+    into an aligned buffer of their own; None where the file system refuses O_DIRECT."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+    first = start - start % DIRECT_ALIGN
+    last = -(-stop // DIRECT_ALIGN) * DIRECT_ALIGN
+    buffer = memoryview(mmap.mmap(-1, last - first))  # page-aligned
+    position = first
+    while position < stop:
+        at = position - first
+        n = os.preadv(fd, [buffer[at : min(at + DIRECT_PIECE, last - first)]], position)
+        if n <= 0:  # freed piece by piece by a delete under way (_delete_file)
+            raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
+        position += n
+        if position < stop and n % DIRECT_ALIGN:
+            raise OSError(errno.EIO, f"a direct read read {n} bytes")
+    return buffer[start - first : stop - first]
 
 
 def _read_range(fd: int, key: str, start: int, stop: int) -> bytes:

@@ -159,21 +159,22 @@ def open_store(
     s3_addressing_style: str | None = None,
     blocking_calls: int | None = None,
     large_write_bytes_per_s: float | None = None,
-    large_writes_direct: bool = False,
+    large_io_direct: bool = False,
     segments: bool = False,
 ) -> ObjectStore:
     """file:///path/to/folder (local folder) or s3://bucket/prefix. `blocking_calls`: how
     many *_sync calls the caller makes at most at once (S3: connections kept for them).
-    `large_write_bytes_per_s`, `large_writes_direct`: a local folder's pace for large
-    objects, and whether it writes them with O_DIRECT (storage.local); `segments`: whether
-    new_key packs small objects into segment files (storage.segments)."""
+    `large_write_bytes_per_s`, `large_io_direct`: a local folder's pace for large
+    objects, and whether it writes them (and reads large ranges) with O_DIRECT
+    (storage.local); `segments`: whether new_key packs small objects into segment files
+    (storage.segments)."""
     if url.startswith("file://"):
         from storage.local import LocalObjectStore
 
         return LocalObjectStore(
             url[len("file://") :],
             large_write_bytes_per_s=large_write_bytes_per_s,
-            large_writes_direct=large_writes_direct,
+            large_io_direct=large_io_direct,
             segments=segments,
         )
     if url.startswith("s3://"):

@@ -35,7 +35,7 @@ def _write_pace(store: AccountingStore) -> tuple[float | None, bool]:
     """In the worker: the pace of its store's large writes, and whether they are direct."""
     inner = store.inner
     assert isinstance(inner, LocalObjectStore)
-    return inner.large_write_bytes_per_s, inner.large_writes_direct
+    return inner.large_write_bytes_per_s, inner.large_io_direct
 
 
 def _copy(store: AccountingStore, source: str, target: str) -> int:
@@ -218,7 +218,7 @@ async def test_the_workers_store_paces_its_large_writes_and_the_agents_does_not(
     assert config.compaction_write_bytes_per_s == 50_000_000
     own = StoreSpec.of(config).open()
     assert isinstance(own, LocalObjectStore)
-    assert own.large_write_bytes_per_s is None and not own.large_writes_direct
+    assert own.large_write_bytes_per_s is None and not own.large_io_direct
     pool = WorkerPool(StoreSpec.of(config, worker=True), workers=1, nice=0)
     try:
         (pace, direct), _spent = await pool.run(_write_pace)

@@ -21,6 +21,7 @@ import pytest
 from storage import local
 from storage.local import (
     DELETE_PIECE,
+    DIRECT_PIECE,
     MAP_MIN,
     SYNC_PIECE,
     TEMP_PREFIX,
@@ -239,18 +240,19 @@ def test_large_objects_are_written_no_faster_than_the_pace(
 
     monkeypatch.setattr(local.time, "monotonic", monotonic)
     monkeypatch.setattr(local.time, "sleep", sleep)
-    rate = 4 * WRITE_PIECE  # bytes per second: four pieces a second
+    piece, pieces = (DIRECT_PIECE, 16) if direct else (WRITE_PIECE, 8)  # over SYNC_PIECE
+    rate = 4 * piece  # bytes per second: four pieces a second
     paced = LocalObjectStore(
-        str(tmp_path / "paced"), large_write_bytes_per_s=rate, large_writes_direct=direct
+        str(tmp_path / "paced"), large_write_bytes_per_s=rate, large_io_direct=direct
     )
-    data = os.urandom(8 * WRITE_PIECE)
+    data = os.urandom(pieces * piece)
     paced.put_sync("compacted/large", data, if_absent=True)
-    assert slept == [0.25] * 7, "pieces 2 to 8, each a quarter of a second after the one before"
+    assert slept == [0.25] * (pieces - 1), "each piece a quarter of a second after the one before"
     assert paced.get_sync("compacted/large") == data
 
     slept.clear()
     paced.put_sync("ingest/small", os.urandom(SYNC_PIECE), if_absent=True)
-    unpaced = LocalObjectStore(str(tmp_path / "unpaced"), large_writes_direct=direct)
+    unpaced = LocalObjectStore(str(tmp_path / "unpaced"), large_io_direct=direct)
     unpaced.put_sync("compacted/large", data, if_absent=True)
     monkeypatch.undo()
     assert slept == []
@@ -263,16 +265,18 @@ def test_large_objects_are_written_no_faster_than_the_pace(
 def test_large_objects_can_be_written_direct(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    """With large_writes_direct, a large object is written through an O_DIRECT
-    descriptor, in aligned pieces (the last padded, the file cut back to the object's
-    size); small objects, and a store without the setting, are written buffered."""
+    """With large_io_direct, a large object is written through an O_DIRECT and O_DSYNC
+    descriptor, in aligned pieces of DIRECT_PIECE at most (the last padded, the file cut
+    back to the object's size); small objects, and a store without the setting, are
+    written buffered."""
     opened: list[tuple[str, bool]] = []
     written: list[tuple[int, int]] = []  # (offset, length) of each direct write
     real_open, real_pwrite = os.open, os.pwrite
 
     def recording_open(path: str, flags: int, *args: int) -> int:
         if flags & os.O_CREAT:
-            opened.append((os.path.basename(path), bool(flags & os.O_DIRECT)))
+            direct = flags & os.O_DIRECT and flags & os.O_DSYNC
+            opened.append((os.path.basename(path), bool(direct)))
         return real_open(path, flags, *args)
 
     def recording_pwrite(fd: int, data: memoryview, offset: int) -> int:
@@ -281,7 +285,7 @@ def test_large_objects_can_be_written_direct(
 
     monkeypatch.setattr(os, "open", recording_open)
     monkeypatch.setattr(os, "pwrite", recording_pwrite)
-    direct = LocalObjectStore(str(tmp_path / "direct"), large_writes_direct=True)
+    direct = LocalObjectStore(str(tmp_path / "direct"), large_io_direct=True)
     data = os.urandom(size)
     direct.put_sync("compacted/large", data, if_absent=True)
     direct.put_sync("ingest/small", b"small", if_absent=True)
@@ -290,7 +294,9 @@ def test_large_objects_can_be_written_direct(
     monkeypatch.undo()
     assert [flag for _name, flag in opened] == [True, False, False], opened
     assert written and all(
-        offset % local.DIRECT_ALIGN == 0 and length % local.DIRECT_ALIGN == 0
+        offset % local.DIRECT_ALIGN == 0
+        and length % local.DIRECT_ALIGN == 0
+        and length <= DIRECT_PIECE
         for offset, length in written
     ), written
     assert sum(length for _offset, length in written) == -(-size // 4096) * 4096
@@ -315,7 +321,7 @@ def test_direct_writes_fall_back_where_the_file_system_refuses_them(
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(os, "open", refusing_open)
-    store = LocalObjectStore(str(tmp_path), large_writes_direct=True)
+    store = LocalObjectStore(str(tmp_path), large_io_direct=True)
     data = os.urandom(3 * WRITE_PIECE + 7)
     store.put_sync("compacted/large", data, if_absent=True)
     monkeypatch.undo()
@@ -527,7 +533,77 @@ def test_an_object_put_in_parts_is_written_as_they_are(
 def test_a_direct_write_of_parts_is_their_bytes(tmp_path: Path) -> None:
     """An object written with O_DIRECT from parts (compaction's outputs): the parts,
     crossing the aligned buffer's edges, land whole and in order."""
-    store = LocalObjectStore(str(tmp_path / "direct"), large_writes_direct=True)
-    parts = [os.urandom(n) for n in (5, WRITE_PIECE - 3, 7, 2 * WRITE_PIECE + 1, 4096, 1)]
+    store = LocalObjectStore(str(tmp_path / "direct"), large_io_direct=True)
+    parts = [os.urandom(n) for n in (5, DIRECT_PIECE - 3, 7, 5 * DIRECT_PIECE + 1, 4096, 1)]
     store.put_parts_sync("compacted/large", parts, if_absent=True)
     assert store.get_sync("compacted/large") == b"".join(parts)
+
+
+def _takes_direct_io(folder: Path) -> bool:
+    try:
+        os.close(os.open(folder / "probe", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644))
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    return True
+
+
+def test_large_ranges_are_read_direct_a_piece_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With large_io_direct, a range of MAP_MIN bytes or more is read through an O_DIRECT
+    descriptor in aligned reads of DIRECT_PIECE at most, and is the range's bytes from
+    any start to any end; without the setting such a range is mapped, not read; a
+    smaller range is read as before."""
+    if not _takes_direct_io(tmp_path):
+        pytest.skip(f"the file system under {tmp_path} refuses O_DIRECT")
+    data = os.urandom(MAP_MIN + 3 * DIRECT_PIECE + 12345)
+    direct = LocalObjectStore(str(tmp_path / "direct"), large_io_direct=True)
+    direct.put_sync("compacted/large", data, if_absent=True)
+    plain = LocalObjectStore(str(tmp_path / "plain"))
+    plain.put_sync("compacted/large", data, if_absent=True)
+    reads: list[tuple[int, int, bool]] = []  # (offset, length, O_DIRECT) of each preadv
+    real_preadv = os.preadv
+
+    def recording_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        is_direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        reads.append((offset, sum(len(b) for b in buffers), is_direct))
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", recording_preadv)
+    for start, end in [(0, None), (4097, len(data) - 3), (1, MAP_MIN + 1)]:
+        reads.clear()
+        view = direct.get_view_sync("compacted/large", start, end)
+        assert bytes(view) == data[start:end]
+        assert reads and all(
+            is_direct and offset % local.DIRECT_ALIGN == 0 and length <= DIRECT_PIECE
+            for offset, length, is_direct in reads
+        ), reads
+    reads.clear()
+    assert bytes(plain.get_view_sync("compacted/large", 5)) == data[5:]
+    small = direct.get_view_sync("compacted/large", 5, 5 + MAP_MIN - 1)
+    assert bytes(small) == data[5 : 5 + MAP_MIN - 1]
+    assert reads == []
+
+
+def test_direct_reads_fall_back_where_the_file_system_refuses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where O_DIRECT cannot be set on the open file (EINVAL), a large range is still
+    the range's bytes (mapped)."""
+    data = os.urandom(MAP_MIN + 4097)
+    store = LocalObjectStore(str(tmp_path), large_io_direct=True)
+    store.put_sync("compacted/large", data, if_absent=True)
+    real_fcntl = fcntl.fcntl
+    refused: list[int] = []
+
+    def refusing_fcntl(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fcntl(fd, cmd, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", refusing_fcntl)
+    assert bytes(store.get_view_sync("compacted/large", 3)) == data[3:]
+    assert refused
