@@ -119,10 +119,17 @@ IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev takes
 # fsync every 5 ms took p99 18.0-21.1 ms beside a writer of 64 MiB O_DIRECT files that
 # unlinked each one when done, 4.5-10.9 ms when each was then truncated in 4 MiB steps
 # (integration/bench/fsync_beside.py --delete unlink --delete pieces, four rounds of
-# 10 s each). A range stream takes a shared lock (flock) on its file; a file so locked
-# is only unlinked, so that the stream still reads every byte, and a stream that finds
-# the file locked for deletion answers that the object is gone.
-DELETE_PIECE = 4 << 20
+# 10 s each). Beside the O_DSYNC writer below, 4 MiB steps at once still cost the small
+# writes' p99 most of what they gain (16.96 and 18.29 ms against 6.29 with nothing
+# deleted): a step frees 1 MiB and the next waits DELETE_PAUSE_S, freeing at most 200
+# MB/s per deleting thread (4.88 and 6.59 ms; 1 MiB steps 10 ms apart 6.87, 6.15 and
+# 8.31; 4 MiB steps 40 ms apart 9.73 and 9.98; results/2026-12-02-fsync-beside-deletes-
+# pass33.json and …-deletes-5ms-pass33.json). A range stream takes a shared lock (flock)
+# on its file; a file so locked is only unlinked, so that the stream still reads every
+# byte, and a stream that finds the file locked for deletion answers that the object is
+# gone.
+DELETE_PIECE = 1 << 20
+DELETE_PAUSE_S = 0.005
 
 # A range of MAP_MIN bytes or more that a reader asks for as a view (get_view, range
 # streams) is mapped rather than read: read() copies the page cache into memory the
@@ -730,10 +737,11 @@ def _delete_file(path: str) -> None:
             size = 0
         _unlink(path)
         # Nameless now, and locked against any stream that opened it just before: its
-        # blocks are freed a piece at a time (DELETE_PIECE).
+        # blocks are freed a piece at a time (DELETE_PIECE, DELETE_PAUSE_S apart).
         while size > DELETE_PIECE:
             size -= DELETE_PIECE
             os.ftruncate(fd, size)
+            time.sleep(DELETE_PAUSE_S)
     finally:
         os.close(fd)  # frees what is left
 

@@ -20,6 +20,7 @@ import pytest
 
 from storage import local
 from storage.local import (
+    DELETE_PAUSE_S,
     DELETE_PIECE,
     DIRECT_PIECE,
     MAP_MIN,
@@ -345,18 +346,22 @@ async def test_a_large_object_is_freed_a_piece_at_a_time(
     local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deleted object over DELETE_PIECE is gone by name at once, and its blocks are
-    given back DELETE_PIECE at a time (one ftruncate each, from its end); a small one is
-    only unlinked."""
+    given back DELETE_PIECE at a time (one ftruncate each, from its end), DELETE_PAUSE_S
+    after the one before; a small one is only unlinked."""
     size = 3 * DELETE_PIECE + 12345
     await local_store.put("compacted/large", os.urandom(size), if_absent=True)
     await local_store.put("ingest/small", os.urandom(DELETE_PIECE), if_absent=True)
-    sizes = _recording_truncates(monkeypatch)
+    events: list[object] = []  # sizes truncated to, and pauses
+    real_ftruncate = os.ftruncate
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: (events.append(n), real_ftruncate(fd, n)))
+    monkeypatch.setattr(local.time, "sleep", lambda seconds: events.append(("slept", seconds)))
     await local_store.delete("compacted/large")
-    assert sizes == [size - DELETE_PIECE, size - 2 * DELETE_PIECE, size - 3 * DELETE_PIECE]
-    sizes.clear()
+    pause = ("slept", DELETE_PAUSE_S)
+    assert events == [size - DELETE_PIECE, pause, size - 2 * DELETE_PIECE, pause, size - 3 * DELETE_PIECE, pause]  # fmt: skip
+    events.clear()
     await local_store.delete("ingest/small")
     await local_store.delete("ingest/small")  # idempotent
-    assert sizes == []
+    assert events == []
     assert all_files(Path(local_store.root)) == []
     for key in ("compacted/large", "ingest/small"):
         with pytest.raises(ObjectNotFoundError):
