@@ -119,7 +119,7 @@ IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev takes
 # fsync every 5 ms took p99 18.0-21.1 ms beside a writer of 64 MiB O_DIRECT files that
 # unlinked each one when done, 4.5-10.9 ms when each was then truncated in 4 MiB steps
 # (integration/bench/fsync_beside.py --delete unlink --delete pieces, four rounds of
-# 10 s each). Beside the O_DSYNC writer below, 4 MiB steps at once still cost the small
+# 10 s each). Beside the O_DSYNC writer above, 4 MiB steps at once still cost the small
 # writes' p99 most of what they gain (16.96 and 18.29 ms against 6.29 with nothing
 # deleted): a step frees 1 MiB and the next waits DELETE_PAUSE_S, freeing at most 200
 # MB/s per deleting thread (4.88 and 6.59 ms; 1 MiB steps 10 ms apart 6.87, 6.15 and
