@@ -648,7 +648,7 @@ def _read_direct(fd: int, key: str, start: int, stop: int) -> memoryview | None:
     while position < stop:
         at = position - first
         n = os.preadv(fd, [buffer[at : min(at + DIRECT_PIECE, last - first)]], position)
-        if n <= 0:  # freed piece by piece by a delete under way (_delete_file)
+        if n <= 0:  # cut short (the caller's shared lock keeps _delete_file's pieces off)
             raise ObjectNotFoundError(f"no such object: {key!r} (deleted while read)")
         position += n
         if position < stop and n % DIRECT_ALIGN:

@@ -351,17 +351,17 @@ async def test_a_large_object_is_freed_a_piece_at_a_time(
     size = 3 * DELETE_PIECE + 12345
     await local_store.put("compacted/large", os.urandom(size), if_absent=True)
     await local_store.put("ingest/small", os.urandom(DELETE_PIECE), if_absent=True)
-    events: list[object] = []  # sizes truncated to, and pauses
-    real_ftruncate = os.ftruncate
-    monkeypatch.setattr(os, "ftruncate", lambda fd, n: (events.append(n), real_ftruncate(fd, n)))
-    monkeypatch.setattr(local.time, "sleep", lambda seconds: events.append(("slept", seconds)))
+    sizes = _recording_truncates(monkeypatch)
+    pauses: list[tuple[int, float]] = []  # (pieces freed before it, seconds)
+    monkeypatch.setattr(local.time, "sleep", lambda seconds: pauses.append((len(sizes), seconds)))
     await local_store.delete("compacted/large")
-    pause = ("slept", DELETE_PAUSE_S)
-    assert events == [size - DELETE_PIECE, pause, size - 2 * DELETE_PIECE, pause, size - 3 * DELETE_PIECE, pause]  # fmt: skip
-    events.clear()
+    assert sizes == [size - DELETE_PIECE, size - 2 * DELETE_PIECE, size - 3 * DELETE_PIECE]
+    assert pauses == [(1, DELETE_PAUSE_S), (2, DELETE_PAUSE_S), (3, DELETE_PAUSE_S)]
+    sizes.clear()
+    pauses.clear()
     await local_store.delete("ingest/small")
     await local_store.delete("ingest/small")  # idempotent
-    assert events == []
+    assert sizes == [] and pauses == []
     assert all_files(Path(local_store.root)) == []
     for key in ("compacted/large", "ingest/small"):
         with pytest.raises(ObjectNotFoundError):
