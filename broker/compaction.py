@@ -6,7 +6,9 @@ Rules:
 
 - Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs
   (up to `max_inputs` ingest files into one object, once that many or the job's limits
-  are reached or the oldest is twice `min_age_ms` old) first, then level-2 jobs (a
+  are reached or the oldest is twice `min_age_ms` old; an ingest file whose every entry
+  holds `entry_bytes` or more enters level 1 as it is instead, in the claim's
+  transaction: a job would copy it unchanged) first, then level-2 jobs (a
   partition's level-1 entries, from up to `l2_max_inputs` objects, into a run of a
   new object, which the next due partitions of its topic share while their runs fit
   whole; once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
@@ -65,8 +67,8 @@ from broker.topic_configs import cleanup_policies
 from metadata import compaction as compaction_layer
 from metadata import keys
 from metadata import topics as topics_layer
-from metadata.compaction import Limits, Plan
-from metadata.kv import OptimisticCounts
+from metadata.compaction import L1Selection, Limits, Plan
+from metadata.kv import OptimisticCounts, Transaction
 from metadata.log import ChunkEntry
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
@@ -81,6 +83,8 @@ logger = logging.getLogger(__name__)
 OUTPUT_PREFIX = "compacted/"
 # Entries of one object closer than this are read with one GET (the gap is read too).
 READ_GAP = 64 * 1024
+# Level-1 selections one plan makes at most while each finds only objects to promote.
+PROMOTING_SELECTIONS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +116,13 @@ class CompactionSettings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_inputs, self.max_job_bytes, self.max_entries, self.l2_max_inputs)
+        return Limits(
+            self.max_inputs,
+            self.max_job_bytes,
+            self.max_entries,
+            self.l2_max_inputs,
+            self.entry_bytes,
+        )
 
 
 @dataclass(slots=True)
@@ -121,6 +131,9 @@ class CompactionStats:
     l1_jobs: int = 0  # committed
     l2_jobs: int = 0
     l1_dropped: int = 0  # an input changed before the commit
+    # Level-0 objects that entered level 1 as they were, every entry already of
+    # entry_bytes or more (metadata.compaction.promote_l1): no job, no bytes written.
+    l1_promoted: int = 0
     l2_dropped: int = 0
     failures: int = 0
     bytes_read: int = 0  # GET from the store, gaps included
@@ -356,18 +369,23 @@ class Compaction:
         agent, s = self._agent, self.settings
         now, node_id = _now_ms(), agent.node_id
         # Read what to take without the write lock (produce commits wait for it), then
-        # claim it in a short transaction.
-        selection = await agent.kv.read(
-            lambda tr: compaction_layer.select_l1(tr, agent.sub, now, s.min_age_ms, s.limits)
-        )
+        # claim it in a short transaction; objects promoted as they are (no job) leave
+        # room for the next selection to find more.
         plan: Plan | None = None
-        if selection.chosen or selection.dropped:
-            await self._start_workers()
-            plan = await agent.kv.transact(
-                lambda tr: compaction_layer.claim_l1(
-                    tr, agent.sub, selection, node_id, now, s.lease_ms
-                )
+        for _ in range(PROMOTING_SELECTIONS):
+            selection = await agent.kv.read(
+                lambda tr: compaction_layer.select_l1(tr, agent.sub, now, s.min_age_ms, s.limits)
             )
+            if not (selection.chosen or selection.dropped or selection.promoted):
+                break
+            if selection.chosen:
+                await self._start_workers()
+            promoted, plan = await agent.kv.transact(
+                partial(self._claim_l1, selection=selection, node_id=node_id, now=now)
+            )
+            self.stats.l1_promoted += promoted
+            if plan is not None or not promoted:
+                break
         if plan is None:
             after = self._l2_after
             # Worked out on a snapshot: the writer lock is held only to check what the
@@ -392,6 +410,14 @@ class Compaction:
             if plan is not None and plan.level_one_rows:
                 self._l2_after = plan.level_one_rows[-1][:2]  # the next plan starts after it
         return plan
+
+    def _claim_l1(
+        self, tr: Transaction, *, selection: L1Selection, node_id: int, now: int
+    ) -> tuple[int, Plan | None]:
+        sub = self._agent.sub
+        promoted = compaction_layer.promote_l1(tr, sub, selection, now)
+        plan = compaction_layer.claim_l1(tr, sub, selection, node_id, now, self.settings.lease_ms)
+        return promoted, plan
 
     async def _start_workers(self) -> None:
         """Start the worker processes once there is work (an agent that never compacts

@@ -9,7 +9,9 @@ are due too while they fit the job whole (a level-1 object holds them one after 
 other, so the job reads them in one range). It starts once the partition's level-1
 entries hold `max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them
 has waited `max_wait_ms` (less on a topic whose retention span is shorter: waiting
-longer than a run may cover gains nothing). Batches are copied byte for byte; no offset
+longer than a run may cover gains nothing). A level-0 object whose every
+entry is already as large as a job would make one (`Limits.entry_bytes`) is promoted to
+level 1 as it is, by its metadata alone. Batches are copied byte for byte; no offset
 ever changes.
 
 Rules:
@@ -58,6 +60,7 @@ from metadata import keys
 from metadata.kv import ReadTransaction, Transaction
 from metadata.lifecycle import ObjectRecord, get_objects, put_object, tally, unreference_many
 from metadata.log import (
+    INGEST_LEVEL,
     ChunkEntry,
     entry_keys,
     entry_rows,
@@ -81,6 +84,10 @@ class Limits:
     max_bytes: int = 64 * 1024 * 1024
     max_entries: int = 2_000
     l2_max_inputs: int = 256  # objects of a level-2 job
+    # The largest entry a job writes by merging consecutive ones: a level-0 object whose
+    # every entry holds at least this many bytes would come out of a level-1 job as it
+    # went in, so it enters level 1 as it is (`promote_l1`).
+    entry_bytes: int = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +156,9 @@ def plan_l1(
 ) -> Plan | None:
     """Claim the oldest unclaimed level-0 objects at least `min_age_ms` old that fit the
     limits together (two at least: one alone gains nothing); None when there are not two.
-    `select_l1` then `claim_l1` in one transaction."""
+    `select_l1`, `promote_l1` and `claim_l1` in one transaction."""
     selection = select_l1(tr, sub, now_ms, min_age_ms, limits)
+    promote_l1(tr, sub, selection, now_ms)
     return claim_l1(tr, sub, selection, node_id, now_ms, lease_ms)
 
 
@@ -161,6 +169,8 @@ class L1Selection:
 
     chosen: tuple[tuple[int, str, tuple[JobEntry, ...]], ...]  # (created_ms, key, entries)
     dropped: tuple[tuple[int, str], ...]  # (created_ms, key) of rows leaving the queue
+    # Level-0 objects that enter level 1 as they are, (created_ms, key, entries).
+    promoted: tuple[tuple[int, str, tuple[JobEntry, ...]], ...] = ()
 
 
 def select_l1(
@@ -177,6 +187,13 @@ def select_l1(
     as long a run of each partition as the limits allow, and a level-2 job of a partition
     reads fewer, longer ranges.
 
+    An object whose every entry holds at least `entry_bytes` is not merged: a level-1 job
+    would copy its entries unchanged (it merges smaller ones up to that size), so it
+    enters level 1 as it is, by its metadata alone (`promote_l1`), and waits there for
+    level 2 like a level-1 object. A one-partition topic's flushes under load are such
+    objects; merging them wrote every byte once more, beside the flushes, for nothing a
+    read gains.
+
     An object that alone passes max_bytes or max_entries leaves the queue: it stays a
     level-0 object until retention takes it. So does the oldest object when it fits a job
     with none of the objects after it (each too large to go with it, as when every file
@@ -188,6 +205,7 @@ def select_l1(
     end = sub.key(keys.L0_OBJECT, now_ms - min_age_ms + 1)
     chosen: list[tuple[int, str, tuple[JobEntry, ...]]] = []
     dropped: list[tuple[int, str]] = []
+    promoted: list[tuple[int, str, tuple[JobEntry, ...]]] = []
     total_bytes = total_entries = 0
     passed_over = False
     full = False
@@ -211,6 +229,9 @@ def select_l1(
             continue
         if not all(_topic_exists(tr, sub, topics, e.topic_id) for e in found):
             continue
+        if all(e.entry.length >= limits.entry_bytes for e in found):
+            promoted.append((created, object_key, found))
+            continue
         if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:
             if len(chosen) >= 2:
                 full = True
@@ -226,7 +247,7 @@ def select_l1(
         dropped.append(chosen[0][:2])  # fits with none after it
     if len(chosen) < 2 or not (full or now_ms - chosen[0][0] >= 2 * min_age_ms):
         chosen = []  # nothing to merge yet, or a job that can still grow
-    return L1Selection(tuple(chosen), tuple(dropped))
+    return L1Selection(tuple(chosen), tuple(dropped), tuple(promoted))
 
 
 def has_work(tr: ReadTransaction, sub: keys.Subspace) -> bool:
@@ -270,6 +291,46 @@ def claim_l1(
         _sorted([e for _c, _k, found in selection.chosen for e in found]),
         queued=tuple((created, key) for created, key, _found in selection.chosen),
     )
+
+
+def promote_l1(tr: Transaction, sub: keys.Subspace, selection: L1Selection, now_ms: int) -> int:
+    """Move the selection's promoted objects from level 0 to level 1 as they are: each
+    leaves the queue, its record says level 1, and its partitions' level-1 rows grow by
+    its entries, as a level-1 job's commit would have made them with a copy. Only objects
+    still queued, unclaimed and alive are moved (another agent may have planned one, or
+    retention taken it whole, since the selection read them); their entries, and so every
+    reader's view of the logs, stay as they are. The objects moved."""
+    if not selection.promoted:
+        return 0
+    row_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key, _ in selection.promoted]
+    object_keys = [key for _created, key, _found in selection.promoted]
+    rows = tr.get_many(row_keys)
+    records = get_objects(tr, sub, object_keys)
+    moved: list[tuple[bytes, str, ObjectRecord, tuple[JobEntry, ...]]] = []
+    for (_created, key, found), row_key, raw, record in zip(
+        selection.promoted, row_keys, rows, records, strict=True
+    ):
+        if raw is None or _claimed(keys.unpack_value(raw), now_ms):
+            continue
+        if record is None or record.dead_since_ms is not None or record.level != INGEST_LEVEL:
+            continue
+        moved.append((row_key, key, record, found))
+    if not moved:
+        return 0
+    grown: dict[tuple[bytes, int], tuple[int, int, int]] = {}  # bytes, objects, first offset
+    for _row_key, _key, _record, found in moved:
+        for topic_id, partition, group in _grouped(found):
+            size, objects, first = grown.get((topic_id, partition), (0, 0, 2**63))
+            grown[(topic_id, partition)] = (
+                size + sum(e.entry.length for e in group),
+                objects + 1,
+                min(first, group[0].entry.base_offset),
+            )
+    _add_level_one(tr, sub, grown, now_ms)
+    tr.clear_many([row_key for row_key, _key, _record, _found in moved])
+    for _row_key, key, record, _found in moved:
+        put_object(tr, sub, key, replace(record, level=L1))
+    return len(moved)
 
 
 def _topic_exists(
@@ -884,7 +945,15 @@ def commit_prepared(
     tally(tr, sub, "object_bytes", object_size)
     tally(tr, sub, "chunk_entries", len(prepared.outputs) - len(plan.entries))
     if plan.level == L1:
-        _add_level_one(tr, sub, prepared.checks, now_ms)
+        grown = {
+            (c.topic_id, c.partition): (
+                sum(e.length for e in c.entries),
+                1,
+                c.entries[0].base_offset,
+            )
+            for c in prepared.checks
+        }
+        _add_level_one(tr, sub, grown, now_ms)
     if plan.level == L2:
         _took_level_one(tr, sub, prepared, node_id)
     return JobResult(True)
@@ -906,22 +975,27 @@ def _clear_inputs(tr: Transaction, prepared: PreparedCommit, alone: set[tuple[by
 
 
 def _add_level_one(
-    tr: Transaction, sub: keys.Subspace, checks: Sequence[_PartitionCheck], now_ms: int
+    tr: Transaction,
+    sub: keys.Subspace,
+    grown: Mapping[tuple[bytes, int], tuple[int, int, int]],
+    now_ms: int,
 ) -> None:
-    """A level-1 object written at now_ms holds these partitions' entries."""
-    row_keys = [sub.key(keys.L1_PARTITION, c.topic_id, c.partition) for c in checks]
+    """Level-1 objects written (or promoted) at now_ms hold entries of these partitions:
+    per (topic id, partition), their bytes, how many objects and the first offset."""
+    items = list(grown.items())
+    row_keys = [sub.key(keys.L1_PARTITION, t, p) for (t, p), _grown in items]
     writes = []
-    for check, row_key, raw in zip(checks, row_keys, tr.get_many(row_keys), strict=True):
-        added = sum(e.length for e in check.entries)
-        first = check.entries[0].base_offset
+    for ((_t, _p), (added, objects, first)), row_key, raw in zip(
+        items, row_keys, tr.get_many(row_keys), strict=True
+    ):
         if raw is None:
-            row = _L1Row(added, 1, first, oldest_ms=now_ms)
+            row = _L1Row(added, objects, first, oldest_ms=now_ms)
         else:
             old = _L1Row.unpack(raw)  # its claim and its oldest data stay
             row = replace(
                 old,
                 size=old.size + added,
-                objects=old.objects + 1,
+                objects=old.objects + objects,
                 first_offset=min(old.first_offset, first),
             )
         writes.append((row_key, row.pack()))

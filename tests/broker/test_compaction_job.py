@@ -267,7 +267,10 @@ async def test_outputs_keep_the_stores_pace_until_compaction_falls_behind(setup,
     big = [[os.urandom(1 << 20)], [os.urandom(1 << 20)]]  # 2 MiB an input: 4 MiB a job
     job = Compaction(
         _Agent(kv, paced_store),
-        CompactionSettings(max_inputs=2, min_age_ms=1, unpaced_after_ms=60_000),
+        # Entries of 1 MiB: merged by a job only where a job's entries may hold more.
+        CompactionSettings(
+            max_inputs=2, min_age_ms=1, unpaced_after_ms=60_000, entry_bytes=4 << 20
+        ),
     )
     # Inputs committed at 1 ms after the epoch: far behind.
     _ingest(kv, store, topic, "ingest/a", {0: big})

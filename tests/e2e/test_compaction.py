@@ -370,3 +370,41 @@ def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
     wait_for("3 level-2 jobs counted", lambda: total("l2_jobs") >= 3, timeout=5)
     assert (total("l1_jobs"), total("l2_dropped")) == (0, 0)
     assert read_records(again, "two", 4, 48 * 3 * 4) == {p: expected["two", p] for p in range(4)}
+
+
+def test_ingest_files_of_large_entries_enter_level_one_without_a_copy(start_broker, tmp_path):
+    data_dir = tmp_path / "data"
+    broker = start_broker(extra_args=OFF, data_dir=data_dir)
+    create(broker, "long", 2)
+    expected = produce_flushes(broker, {"long": 2}, flushes=16)
+    broker.stop()
+
+    # Every entry of these files holds a batch of 3 records, over 64 bytes: a level-1 job
+    # would write them as they are, so the files enter level 1 by their metadata, and
+    # level 2 (4 objects a job, both partitions sharing it) merges them from there.
+    again = start_broker(
+        extra_args=[*COMPACT, "--compaction-entry-bytes", "64"],
+        data_dir=data_dir,
+        port=broker.port,
+    )
+    wait_for("ingest files deleted", lambda: again.object_keys("ingest/") == [], timeout=60)
+    wait_for(
+        "level-2 jobs done",
+        lambda: again.stats().get("compaction", {}).get("l2_jobs") == 4,
+        timeout=30,
+    )
+    stats = again.stats()["compaction"]
+    assert (stats["l1_promoted"], stats["l1_jobs"], stats["l2_dropped"], stats["failures"]) == (
+        16,
+        0,
+        0,
+        0,
+    )
+    # Only level 2 wrote: each input byte once (plus a header per object and chunk).
+    assert stats["entries_replaced"] == 16 * 2
+    assert objects_per_partition(again, "long", 2) == [4, 4]
+    assert set(again.object_keys("compacted/")) == referenced_objects(again)
+    assert queued_ingest_files(again) == 0
+    assert read_records(again, "long", 2, 16 * 3 * 2) == {p: expected["long", p] for p in range(2)}
+    for p in range(2):
+        assert offsets(again, "long", p) == (0, 16 * 3)

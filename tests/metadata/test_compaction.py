@@ -858,3 +858,82 @@ def test_the_oldest_object_leaves_the_queue_when_it_fits_with_none_after_it(kv):
     assert "b" in _queued_l0(kv)
     _append(kv, topic, "c", {0: [(1, 10)]})  # 100 bytes
     assert _plan_l1(kv, max_bytes=350).input_keys == ["b", "c"]
+
+
+def _select_l1(kv: KV, now: int = NOW, min_age: int = 0, **limits) -> compaction.L1Selection:
+    return kv.transact_sync(
+        lambda tr: compaction.select_l1(tr, SUB, now, min_age, Limits(**limits))
+    )
+
+
+def test_objects_of_entries_as_large_as_a_job_makes_enter_level_one_as_they_are(kv):
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(2, 10)], 1: [(1, 15)]}, length=300)  # p0 0-1, p1 0
+    _append(kv, topic, "b", {0: [(3, 20)]}, length=300)  # p0 2-4
+    _append(kv, topic, "c", {0: [(1, 5)]})  # p0 5, 100 bytes
+    _append(kv, topic, "d", {0: [(1, 6)]})  # p0 6
+    entries = [_full_entries(kv, topic, p) for p in (0, 1)]
+    states = [_state(kv, topic, p) for p in (0, 1)]
+    before = _tallies(kv)
+
+    # A job would merge c and d (100 bytes each, up to 250); it would leave a's and b's
+    # entries (300 bytes each) as they are, so those two move to level 1 without one.
+    plan = _plan_l1(kv, entry_bytes=250)
+    assert plan is not None and plan.input_keys == ["c", "d"]
+    assert _object(kv, "a") == lifecycle.ObjectRecord(602, 2, 1, None, L1)
+    assert _object(kv, "b") == lifecycle.ObjectRecord(301, 1, 1, None, L1)
+    assert sorted(_claims(kv)) == ["c", "d"]  # a and b left the queue
+    assert _l1_rows(kv) == {0: (600, 2, 0, -1, 0, NOW), 1: (300, 1, 0, -1, 0, NOW)}
+    # Nothing a reader sees changed: the same entries, offsets, bytes and tallies.
+    assert [_full_entries(kv, topic, p) for p in (0, 1)] == entries
+    assert [_state(kv, topic, p) for p in (0, 1)] == states
+    assert _tallies(kv) == before
+    assert _reverse(kv, "a") == [(0, 0, 1), (1, 0, 0)]
+
+    # Level 2 takes them from there as it takes a level-1 job's output.
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0)
+    assert l2 is not None and l2.level == L2
+    assert [(p, [e.object_key for e in es]) for _t, p, es in l2.partitions()] == [(0, ["a", "b"])]
+    assert _commit(kv, l2, "L2", now=NOW + 1) == compaction.JobResult(True)
+    assert _object(kv, "b") == lifecycle.ObjectRecord(301, 0, 1, NOW + 1, L1)
+    assert _object(kv, "a") == lifecycle.ObjectRecord(602, 1, 1, None, L1)  # p1's entry
+    assert _due(kv, NOW + 1 + DELAY) == [(NOW + 1 + DELAY, "b")]
+    assert [(e.object_key, e.base_offset) for e in _full_entries(kv, topic, 0)] == [
+        ("L2", 0),
+        ("c", 5),
+        ("d", 6),
+    ]
+
+
+def test_an_object_with_one_small_entry_is_merged_by_a_job(kv):
+    topic = _topic(kv)
+    _append(kv, topic, "a", {0: [(2, 10)]}, length=300)
+    batches = [  # b: one entry of 300 bytes, one of 100
+        log.PendingBatch(topic.topic_id, 0, 0, 300, 0, 20, -1, -1, -1),
+        log.PendingBatch(topic.topic_id, 1, 301, 100, 0, 20, -1, -1, -1),
+    ]
+    kv.transact_sync(lambda tr: log.commit_ingest(tr, SUB, "b", 401, 1, batches))
+    _append(kv, topic, "c", {1: [(1, 30)]})
+
+    selection = _select_l1(kv, entry_bytes=250)
+    assert [key for _c, key, _e in selection.promoted] == ["a"]
+    assert [key for _c, key, _e in selection.chosen] == ["b", "c"]
+
+
+def test_an_object_is_promoted_only_while_queued_unclaimed_and_alive(kv):
+    topic = _topic(kv, partitions=1)
+    for key, ts in (("a", 10), ("b", 20), ("c", 30)):
+        _append(kv, topic, key, {0: [(1, ts)]}, length=300)
+    selection = _select_l1(kv, entry_bytes=250)
+    assert [key for _c, key, _e in selection.promoted] == ["a", "b", "c"]
+    # Meanwhile retention takes a, and a job (larger entries allowed) claims b and c.
+    assert _retain(kv, topic, NOW, NOW - 15, -1).dropped == 1
+    assert _object(kv, "a").dead_since_ms == NOW
+    claimed = _plan_l1(kv, entry_bytes=1000)
+    assert claimed is not None and claimed.input_keys == ["b", "c"]
+
+    moved = kv.transact_sync(lambda tr: compaction.promote_l1(tr, SUB, selection, NOW))
+    assert moved == 0
+    assert [_object(kv, key).level for key in ("a", "b", "c")] == [0, 0, 0]
+    assert _l1_rows(kv) == {}
+    assert sorted(_claims(kv)) == ["b", "c"]
