@@ -414,6 +414,15 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "largest chunk entry a job writes by merging consecutive ones: a Fetch reads whole"
         " entries, so this is about what it reads beyond its max.partition.fetch.bytes",
     ),
+    (
+        "compaction-promote-entry-bytes",
+        _non_negative,
+        128 * 1024,
+        "an ingest file whose every chunk entry holds at least this many bytes enters"
+        " level 1 as it is, without a level-1 job's copy (a job would merge each entry with"
+        " one smaller neighbour at most, when this is half of --compaction-entry-bytes);"
+        " 0: never",
+    ),
     ("compaction-max-jobs", _positive, 1, "compaction jobs one agent runs at once"),
     (
         "compaction-workers",
@@ -811,6 +820,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_max_job_bytes=args.compaction_max_job_bytes,
         compaction_max_entries=args.compaction_max_entries,
         compaction_entry_bytes=args.compaction_entry_bytes,
+        compaction_promote_entry_bytes=args.compaction_promote_entry_bytes,
         compaction_max_jobs=args.compaction_max_jobs,
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),

@@ -7,8 +7,8 @@ Rules:
 - Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs
   (up to `max_inputs` ingest files into one object, once that many or the job's limits
   are reached or the oldest is twice `min_age_ms` old; an ingest file whose every entry
-  holds `entry_bytes` or more enters level 1 as it is instead, in the claim's
-  transaction: a job would copy it unchanged) first, then level-2 jobs (a
+  holds `promote_entry_bytes` or more enters level 1 as it is instead, in the claim's
+  transaction) first, then level-2 jobs (a
   partition's level-1 entries, from up to `l2_max_inputs` objects, into a run of a
   new object, which the next due partitions of its topic share while their runs fit
   whole; once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
@@ -100,6 +100,7 @@ class CompactionSettings:
     max_job_bytes: int = 64 * 1024 * 1024
     max_entries: int = 2_000
     entry_bytes: int = 256 * 1024
+    promote_entry_bytes: int = 128 * 1024  # 0: never (metadata.compaction.promote_l1)
     max_jobs: int = 1
     workers: str = "thread"  # or "process": the agent's pool (given to Compaction)
     lease_ms: int = 120_000
@@ -121,7 +122,7 @@ class CompactionSettings:
             self.max_job_bytes,
             self.max_entries,
             self.l2_max_inputs,
-            self.entry_bytes,
+            self.promote_entry_bytes,
         )
 
 
@@ -132,7 +133,7 @@ class CompactionStats:
     l2_jobs: int = 0
     l1_dropped: int = 0  # an input changed before the commit
     # Level-0 objects that entered level 1 as they were, every entry already of
-    # entry_bytes or more (metadata.compaction.promote_l1): no job, no bytes written.
+    # promote_entry_bytes or more (metadata.compaction.promote_l1): no bytes written.
     l1_promoted: int = 0
     l2_dropped: int = 0
     failures: int = 0

@@ -83,6 +83,7 @@ def compaction_settings(config: BrokerConfig, *, apart: bool = False) -> Compact
         max_job_bytes=config.compaction_max_job_bytes,
         max_entries=config.compaction_max_entries,
         entry_bytes=config.compaction_entry_bytes,
+        promote_entry_bytes=config.compaction_promote_entry_bytes,
         max_jobs=config.compaction_max_jobs,
         workers=config.compaction_workers,
         lease_ms=config.compaction_lease_ms,

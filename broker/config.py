@@ -104,6 +104,7 @@ class BrokerConfig:
     compaction_max_job_bytes: int = 64 * 1024 * 1024
     compaction_max_entries: int = 2_000
     compaction_entry_bytes: int = 256 * 1024
+    compaction_promote_entry_bytes: int = 128 * 1024  # 0: never
     compaction_max_jobs: int = 1
     compaction_workers: str = "process"  # or "thread"
     compaction_worker_nice: int = 10

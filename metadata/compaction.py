@@ -10,8 +10,8 @@ other, so the job reads them in one range). It starts once the partition's level
 entries hold `max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them
 has waited `max_wait_ms` (less on a topic whose retention span is shorter: waiting
 longer than a run may cover gains nothing). A level-0 object whose every
-entry is already as large as a job would make one (`Limits.entry_bytes`) is promoted to
-level 1 as it is, by its metadata alone. Batches are copied byte for byte; no offset
+entry is already long (`Limits.promote_bytes`) is promoted to level 1 as it is, by its
+metadata alone. Batches are copied byte for byte; no offset
 ever changes.
 
 Rules:
@@ -84,10 +84,9 @@ class Limits:
     max_bytes: int = 64 * 1024 * 1024
     max_entries: int = 2_000
     l2_max_inputs: int = 256  # objects of a level-2 job
-    # The largest entry a job writes by merging consecutive ones: a level-0 object whose
-    # every entry holds at least this many bytes would come out of a level-1 job as it
-    # went in, so it enters level 1 as it is (`promote_l1`).
-    entry_bytes: int = 256 * 1024
+    # A level-0 object whose every entry holds at least this many bytes enters level 1
+    # as it is (`promote_l1`); 0: none does.
+    promote_bytes: int = 128 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +186,14 @@ def select_l1(
     as long a run of each partition as the limits allow, and a level-2 job of a partition
     reads fewer, longer ranges.
 
-    An object whose every entry holds at least `entry_bytes` is not merged: a level-1 job
-    would copy its entries unchanged (it merges smaller ones up to that size), so it
-    enters level 1 as it is, by its metadata alone (`promote_l1`), and waits there for
-    level 2 like a level-1 object. A one-partition topic's flushes under load are such
-    objects; merging them wrote every byte once more, beside the flushes, for nothing a
-    read gains.
+    An object whose every entry holds at least `promote_bytes` is not merged: it enters
+    level 1 as it is, by its metadata alone (`promote_l1`), and waits there for level 2
+    like a level-1 object. A job merges consecutive entries up to the output's entry
+    size (256 KiB by default); with `promote_bytes` half of that, it would merge each of
+    these with one smaller neighbour at most, and every entry of at least that size it
+    copies unchanged. A one-partition topic's flushes under load are such objects (a
+    Java producer's batch of 256 KiB each); merging them wrote every byte once more,
+    beside the flushes, for little a read gains.
 
     An object that alone passes max_bytes or max_entries leaves the queue: it stays a
     level-0 object until retention takes it. So does the oldest object when it fits a job
@@ -229,7 +230,7 @@ def select_l1(
             continue
         if not all(_topic_exists(tr, sub, topics, e.topic_id) for e in found):
             continue
-        if all(e.entry.length >= limits.entry_bytes for e in found):
+        if limits.promote_bytes and all(e.entry.length >= limits.promote_bytes for e in found):
             promoted.append((created, object_key, found))
             continue
         if total_bytes + size > limits.max_bytes or total_entries + len(found) > limits.max_entries:

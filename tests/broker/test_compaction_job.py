@@ -244,6 +244,21 @@ async def test_the_level_two_options_reach_the_agents_compaction(tmp_path, monke
         parse_serve_args(["serve", "--compaction-l2-max-inputs", "0"])
 
 
+def test_the_promotion_size_reaches_the_plans_and_zero_turns_it_off(tmp_path, monkeypatch):
+    from broker.compactor import compaction_settings
+    from tests.broker.test_workers import _config
+
+    assert compaction_settings(_config("--data-dir", str(tmp_path))).limits.promote_bytes == (
+        128 * 1024
+    )
+    monkeypatch.setenv("BUCKETLOG_COMPACTION_PROMOTE_ENTRY_BYTES", "0")
+    assert compaction_settings(_config("--data-dir", str(tmp_path))).limits.promote_bytes == 0
+    config = _config("--data-dir", str(tmp_path), "--compaction-promote-entry-bytes", "4096")
+    assert compaction_settings(config).limits.promote_bytes == 4096
+    with pytest.raises(SystemExit):
+        _config("--compaction-promote-entry-bytes", "-1")
+
+
 def test_a_cached_object_goes_to_a_worker_process_as_bytes_without_a_copy() -> None:
     """A view of a whole bytes object (an S3 store's get_view) is sent as that object;
     a view of part of one, or of a mapping, as a copy of its bytes."""
@@ -267,9 +282,9 @@ async def test_outputs_keep_the_stores_pace_until_compaction_falls_behind(setup,
     big = [[os.urandom(1 << 20)], [os.urandom(1 << 20)]]  # 2 MiB an input: 4 MiB a job
     job = Compaction(
         _Agent(kv, paced_store),
-        # Entries of 1 MiB: merged by a job only where a job's entries may hold more.
+        # Entries of 1 MiB, merged by a job only where none is promoted as it is.
         CompactionSettings(
-            max_inputs=2, min_age_ms=1, unpaced_after_ms=60_000, entry_bytes=4 << 20
+            max_inputs=2, min_age_ms=1, unpaced_after_ms=60_000, promote_entry_bytes=0
         ),
     )
     # Inputs committed at 1 ms after the epoch: far behind.

@@ -379,11 +379,11 @@ def test_ingest_files_of_large_entries_enter_level_one_without_a_copy(start_brok
     expected = produce_flushes(broker, {"long": 2}, flushes=16)
     broker.stop()
 
-    # Every entry of these files holds a batch of 3 records, over 64 bytes: a level-1 job
-    # would write them as they are, so the files enter level 1 by their metadata, and
-    # level 2 (4 objects a job, both partitions sharing it) merges them from there.
+    # Every entry of these files holds a batch of 3 records, over 64 bytes: the files
+    # enter level 1 by their metadata, and level 2 (4 objects a job, both partitions
+    # sharing it) merges them from there.
     again = start_broker(
-        extra_args=[*COMPACT, "--compaction-entry-bytes", "64"],
+        extra_args=[*COMPACT, "--compaction-promote-entry-bytes", "64"],
         data_dir=data_dir,
         port=broker.port,
     )

@@ -876,9 +876,9 @@ def test_objects_of_entries_as_large_as_a_job_makes_enter_level_one_as_they_are(
     states = [_state(kv, topic, p) for p in (0, 1)]
     before = _tallies(kv)
 
-    # A job would merge c and d (100 bytes each, up to 250); it would leave a's and b's
-    # entries (300 bytes each) as they are, so those two move to level 1 without one.
-    plan = _plan_l1(kv, entry_bytes=250)
+    # Entries of 250 bytes or more enter level 1 as they are: a's and b's (300 bytes
+    # each) move without a job; c and d (100 bytes each) are merged by one.
+    plan = _plan_l1(kv, promote_bytes=250)
     assert plan is not None and plan.input_keys == ["c", "d"]
     assert _object(kv, "a") == lifecycle.ObjectRecord(602, 2, 1, None, L1)
     assert _object(kv, "b") == lifecycle.ObjectRecord(301, 1, 1, None, L1)
@@ -915,7 +915,7 @@ def test_an_object_with_one_small_entry_is_merged_by_a_job(kv):
     kv.transact_sync(lambda tr: log.commit_ingest(tr, SUB, "b", 401, 1, batches))
     _append(kv, topic, "c", {1: [(1, 30)]})
 
-    selection = _select_l1(kv, entry_bytes=250)
+    selection = _select_l1(kv, promote_bytes=250)
     assert [key for _c, key, _e in selection.promoted] == ["a"]
     assert [key for _c, key, _e in selection.chosen] == ["b", "c"]
 
@@ -924,12 +924,12 @@ def test_an_object_is_promoted_only_while_queued_unclaimed_and_alive(kv):
     topic = _topic(kv, partitions=1)
     for key, ts in (("a", 10), ("b", 20), ("c", 30)):
         _append(kv, topic, key, {0: [(1, ts)]}, length=300)
-    selection = _select_l1(kv, entry_bytes=250)
+    selection = _select_l1(kv, promote_bytes=250)
     assert [key for _c, key, _e in selection.promoted] == ["a", "b", "c"]
-    # Meanwhile retention takes a, and a job (larger entries allowed) claims b and c.
+    # Meanwhile retention takes a, and a job (promoting larger entries only) claims b and c.
     assert _retain(kv, topic, NOW, NOW - 15, -1).dropped == 1
     assert _object(kv, "a").dead_since_ms == NOW
-    claimed = _plan_l1(kv, entry_bytes=1000)
+    claimed = _plan_l1(kv, promote_bytes=1000)
     assert claimed is not None and claimed.input_keys == ["b", "c"]
 
     moved = kv.transact_sync(lambda tr: compaction.promote_l1(tr, SUB, selection, NOW))
