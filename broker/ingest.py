@@ -39,7 +39,7 @@ from kio.schema.errors import ErrorCode
 from broker import faults
 from broker.costs import charge
 from broker.metrics import Meter
-from broker.sync import Notifier, Promise
+from broker.sync import Flag, Notifier, Promise
 from metadata import keys
 from metadata.kv import KV
 from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partition
@@ -83,8 +83,8 @@ class _Flush:
     order: list[int]
     committed: Promise[list[AppendResult]]  # resolved by the committer
     size: int = 0  # bytes of the object
-    started_at: float = 0.0  # anyio.current_time() when it was made
-    uploaded_at: float = 0.0  # anyio.current_time() when its upload returned
+    started_at: float = 0.0  # time.monotonic() when it was made
+    uploaded_at: float = 0.0  # time.monotonic() when its upload returned
     # (topic id, partition) of each batch to be acknowledged but not committed (only
     # ever with the test-only fault point ACK_WITHOUT_COMMIT)
     dropped: list[tuple[bytes, int]] = field(default_factory=list)
@@ -131,20 +131,24 @@ class IngestPipeline:
         self._flush_bytes = flush_bytes
         self._max_commit_delay = None if max_commit_delay_ms is None else max_commit_delay_ms / 1000
         # Held by each flush from its start until its commit is done (or it failed).
+        # fast_acquire: a free slot is taken without a turn of the event loop.
         self._flush_slots = anyio.Semaphore(
-            max_concurrent_flushes, max_value=max_concurrent_flushes
+            max_concurrent_flushes, max_value=max_concurrent_flushes, fast_acquire=True
         )
         self._clock = clock
         self._buffer: list[_Queued] = []
         self._buffered_bytes = 0
         self._oldest = 0.0
-        self._arrived = anyio.Event()
-        self._full = anyio.Event()  # the buffer holds flush_bytes, or no flush is in flight
+        # Flags, not anyio's events, and time.monotonic(), not anyio.current_time(): made
+        # and read for every flush, and anyio's ask for the running loop each time (a
+        # getpid() on Python 3.11; broker.sync.Flag).
+        self._arrived = Flag()
+        self._full = Flag()  # the buffer holds flush_bytes, or no flush is in flight
         self._flush_when_idle = flush_when_idle
         # Flush order: run() numbers flushes; the committer commits them in that order.
         self._next_flush = 0
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
-        self._uploaded_changed = anyio.Event()
+        self._uploaded_changed = Flag()
         self._next_commit = 0
         self._hedged_threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self._uploads = ThreadPool(max_concurrent_flushes, "upload")
@@ -179,7 +183,7 @@ class IngestPipeline:
         REQUEST_TIMED_OUT instead, nothing of it written."""
         promise: Promise[AppendResult] = Promise()
         if not self._buffer:
-            self._oldest = anyio.current_time()
+            self._oldest = time.monotonic()
             self._arrived.set()
         self._buffer.append(
             _Queued(topic_id, partition, data, view, promise, deadline, time.monotonic())
@@ -200,16 +204,15 @@ class IngestPipeline:
                 while self._buffered_bytes < self._flush_bytes:
                     if self._flush_when_idle and self._no_flush_in_flight:
                         break
-                    remaining = deadline - anyio.current_time()
-                    if remaining <= 0:
-                        break
-                    with anyio.move_on_after(remaining):
-                        await self._full.wait()
+                    if self._full.is_set():  # set, and neither reason holds any more
+                        self._full = Flag()
+                    if not await self._full.wait_until(deadline):
+                        break  # the deadline came first
                 await self._flush_slots.acquire()
                 items, self._buffer = self._buffer, []
                 self._buffered_bytes = 0
-                self._arrived = anyio.Event()
-                self._full = anyio.Event()
+                self._arrived = Flag()
+                self._full = Flag()
                 seq, self._next_flush = self._next_flush, self._next_flush + 1
                 tg.start_soon(self._flush, items, seq)
 
@@ -244,7 +247,7 @@ class IngestPipeline:
                 self.stats.flushes += 1
                 self.stats.batches += len(items)
                 self.stats.bytes += flush.size
-                flush.uploaded_at = anyio.current_time()
+                flush.uploaded_at = time.monotonic()
                 committed = await self._after_upload(flush)
                 for i, result in zip(flush.order, committed, strict=True):
                     results[i] = result
@@ -259,7 +262,7 @@ class IngestPipeline:
             item.promise.set(result)
             touched.add((item.topic_id, item.partition))
         if flush is not None:
-            self.meter.flush_end_to_end.observe(anyio.current_time() - flush.started_at)
+            self.meter.flush_end_to_end.observe(time.monotonic() - flush.started_at)
         for key in touched:
             self._notifier.notify(key)
 
@@ -279,7 +282,7 @@ class IngestPipeline:
     async def _committer(self) -> None:
         """Commit the uploaded flushes in flush order: every one that is ready, together."""
         while True:
-            self._uploaded_changed = anyio.Event()
+            self._uploaded_changed = Flag()
             group: list[_Flush] = []
             while self._next_commit in self._uploaded:
                 uploaded = self._uploaded.pop(self._next_commit)
@@ -298,7 +301,7 @@ class IngestPipeline:
         that age, so it must never be committed)."""
         if self._max_commit_delay is None:
             return group
-        now = anyio.current_time()
+        now = time.monotonic()
         late = [f for f in group if now - f.uploaded_at > self._max_commit_delay]
         for f in late:
             logger.warning(
@@ -384,7 +387,7 @@ class IngestPipeline:
             found.order + found.dropped,
             Promise(),
             size=size,
-            started_at=anyio.current_time(),
+            started_at=time.monotonic(),
             dropped=[(items[i].topic_id, items[i].partition) for i in found.dropped],
         )
 

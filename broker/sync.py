@@ -223,6 +223,11 @@ class Watch:
     async def wait(self) -> None:
         await self._event.wait()
 
+    async def wait_until(self, deadline: float) -> bool:
+        """Wait until notified or until time.monotonic() reaches deadline; whether
+        notified."""
+        return await self._event.wait_until(deadline)
+
 
 class Notifier:
     """Wakes waiters on keys (here: partitions) when something about them changed."""

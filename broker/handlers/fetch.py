@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 from kio.schema.errors import ErrorCode
 
 from broker import access
@@ -404,8 +403,7 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             if total >= min_bytes or remaining <= 0 or has_error or not partitions:
                 break
             ctx.end_turn()  # a Fetch takes no effect: what comes after it need not wait
-            with anyio.move_on_after(remaining):
-                await watch.wait()
+            await watch.wait_until(deadline)  # a timer, not a cancel scope
     _meter(agent.meter, partitions)
     return _answer(request, version, plan, read_committed)
 
