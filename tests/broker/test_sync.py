@@ -7,7 +7,7 @@ import time
 import anyio
 import pytest
 
-from broker.sync import Channel, Flag, Promise, Turn
+from broker.sync import Channel, Flag, Notifier, Promise, Turn
 
 
 async def test_waiters_wake_when_set_and_later_waits_return_at_once() -> None:
@@ -55,6 +55,30 @@ async def test_wait_until_times_out_then_sees_a_later_set() -> None:
         tg.start_soon(later)
         assert await promise.wait_until(time.monotonic() + 5)
     assert await promise.wait() == 7
+
+
+async def test_a_watch_waits_until_notified_or_its_deadline() -> None:
+    notifier = Notifier()
+    with notifier.watch([("t", 0)]) as watch:
+        watch.arm()
+        started = time.monotonic()
+        assert not await watch.wait_until(started + 0.05)  # nothing came: the deadline
+        assert time.monotonic() - started >= 0.04
+        notifier.notify(("t", 1))  # another key: not this watch's
+        notifier.notify(("t", 0))  # between an arm and the wait: not lost
+        assert await watch.wait_until(time.monotonic() + 5)
+        watch.arm()
+
+        async def later() -> None:
+            await anyio.sleep(0.01)
+            notifier.notify(("t", 0))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(later)
+            started = time.monotonic()
+            assert await watch.wait_until(started + 5)
+        assert time.monotonic() - started < 4  # woken, not timed out
+    assert not notifier.has_waiters()
 
 
 async def test_a_failed_promise_raises_to_every_waiter() -> None:
