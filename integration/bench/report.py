@@ -31,6 +31,16 @@ for _w in PRODUCE_WORKLOADS:
         (_w, "broker_cpu_s_per_gb_without_workers", WITHOUT_WORKERS, False),
     ]
 ROWS += [
+    (
+        "produce-1000p-1x-none",
+        "broker_cpu_s_per_gb_until_idle",
+        "broker CPU s/GB, compaction after the runs included (all runs, until idle)",
+        False,
+    ),
+    ("produce-1p-1x-none-half-load", "broker_cpu_s_per_gb", "broker CPU s/GB", False),
+    ("produce-1p-1x-none-half-load", "broker_cpu_s_per_gb_without_workers", WITHOUT_WORKERS, False),
+]
+ROWS += [
     ("produce-1p-1x-none-half-load", "records_s", "records/s (capped at half the max)", True),
     ("produce-1p-1x-none-half-load", "p50_ms", "produce p50 ms (steady state)", False),
     ("produce-1p-1x-none-half-load", "p99_ms", "produce p99 ms (steady state)", False),
