@@ -34,7 +34,7 @@ ROWS += [
     (
         "produce-1000p-1x-none",
         "broker_cpu_s_per_gb_until_idle",
-        "broker CPU s/GB, compaction after the runs included (all runs, until idle)",
+        "broker CPU s/GB from its first run until the agent is idle (compaction included)",
         False,
     ),
     ("produce-1p-1x-none-half-load", "broker_cpu_s_per_gb", "broker CPU s/GB", False),

@@ -1033,6 +1033,7 @@ def bench_system(
         # is measured here instead, until the agent is idle again.
         if isinstance(system, Bucketlog):
             rs = []
+            before_runs = tree_cpu_split(system.root_pid)
             for _ in range(runs):
                 t = topic("p1000", 1000)
                 rs.append(
@@ -1043,7 +1044,7 @@ def bench_system(
                     )
                 )
             row = median_of(rs)
-            row.update(until_idle(system, rs, runs * mb / 1000))
+            row.update(until_idle(system, before_runs, runs * mb / 1000))
             record("produce-1000p-1x-none", row)
         results["peak_rss_mb"] = round(tree_peak_rss_mb(system.root_pid), 1)
         results["whole_run"] = whole_run(system)
@@ -1057,9 +1058,11 @@ IDLE_CPU_S = 0.25  # in a window: 5% of a core (an idle agent uses 1-3%)
 IDLE_CAP_S = 240.0
 
 
-def until_idle(system: System, runs: list[dict[str, Any]], gb: float) -> dict[str, Any]:
+def until_idle(system: System, before_runs: tuple[float, float], gb: float) -> dict[str, Any]:
     """The broker's CPU after the runs until a window of IDLE_WINDOW_S uses at most
-    IDLE_CPU_S (or IDLE_CAP_S passed), and the runs' CPU per GB with it."""
+    IDLE_CPU_S (or IDLE_CAP_S passed), and its CPU per GB from before the first run
+    (`before_runs`, its tree_cpu_split then) until then: the runs, the pauses between
+    them and what came after."""
     began = time.monotonic()
     cpu0, workers0 = tree_cpu_split(system.root_pid)
     last = cpu0
@@ -1070,13 +1073,14 @@ def until_idle(system: System, runs: list[dict[str, Any]], gb: float) -> dict[st
             break
         last = now
     cpu1, workers1 = tree_cpu_split(system.root_pid)
-    after = cpu1 - cpu0
-    runs_cpu = sum(r["broker_cpu_s"] for r in runs)
+    whole = cpu1 - before_runs[0]
     return {
         "after_s": round(time.monotonic() - began, 1),
-        "after_cpu_s": round(after, 2),
+        "after_cpu_s": round(cpu1 - cpu0, 2),
         "after_workers_cpu_s": round(workers1 - workers0, 2),
-        "broker_cpu_s_per_gb_until_idle": round((runs_cpu + after) / gb, 1) if gb else None,
+        "until_idle_cpu_s": round(whole, 2),
+        "until_idle_workers_cpu_s": round(workers1 - before_runs[1], 2),
+        "broker_cpu_s_per_gb_until_idle": round(whole / gb, 1) if gb else None,
     }
 
 
