@@ -962,7 +962,8 @@ def bench_system(
 
         # Each row starts with the broker idle and ends when it is idle again: what a row
         # leaves to do (bucketlog's compaction of what it wrote) is counted in its own
-        # until-idle figure, not in the window of the row that comes after it.
+        # until-idle figure rather than in the next row's window, as far as a quiet window
+        # tells: a level-2 job that waits on purpose may still start in a later row.
         until_idle(system, tree_cpu_split(system.root_pid), 0)
 
         def finish(name: str, rs: list[dict[str, Any]], gb: float, before: Any) -> None:
