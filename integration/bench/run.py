@@ -930,6 +930,30 @@ class _Run:
         shown = {k: v for k, v in result.items() if k != "runs"}
         self.log(f"{self.system.name} {name}: " + json.dumps(shown))
 
+    @contextlib.contextmanager
+    def row(self, name: str) -> Iterator[_Row]:
+        """A row of the main table: its runs' medians, and its CPU per GB from before its
+        first run until the broker is idle after its last (until_idle), recorded."""
+        row = _Row(self.system)
+        yield row
+        result = median_of(row.runs)
+        result.update(until_idle(self.system, row.before, row.gb))
+        self.record(name, result)
+
+
+class _Row:
+    """The runs of one row, the GB they moved, and the broker's CPU before the first."""
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        self.runs: list[dict[str, Any]] = []
+        self.gb = 0.0
+        self.before = tree_cpu_split(system.root_pid)
+
+    def measure(self, megabytes: float, fn: Any) -> None:
+        self.runs.append(measure(self.system, megabytes, fn))
+        self.gb += megabytes / 1000
+
 
 def settle_disk(log: Any) -> None:
     """A sync, then SETTLE_S for what the last system freed to be discarded."""
@@ -945,7 +969,7 @@ def bench_system(
     records = int(150_000 * scale)
     mb = records * RECORD_SIZE / 1e6
     run = _Run(system, log)
-    results, topic, record = run.results, run.topic, run.record
+    results, topic = run.results, run.topic
     settle_disk(log)
     system.start()
     try:
@@ -966,99 +990,66 @@ def bench_system(
         # tells: a level-2 job that waits on purpose may still start in a later row.
         until_idle(system, tree_cpu_split(system.root_pid), 0)
 
-        def finish(name: str, rs: list[dict[str, Any]], gb: float, before: Any) -> None:
-            row = median_of(rs)
-            row.update(until_idle(system, before, gb))
-            record(name, row)
-
         consume_topics = []
         for name, partitions, producers, compression in PRODUCE_MATRIX:
-            rs = []
-            before = tree_cpu_split(system.root_pid)
-            for _ in range(runs):
-                t = topic(name, partitions)
-                rs.append(
-                    measure(
-                        system,
+            with run.row(name) as row:
+                for _ in range(runs):
+                    t = topic(name, partitions)
+                    row.measure(
                         mb,
                         lambda t=t, n=producers, c=compression: producers_perf(
                             system.bootstrap, t, n, records, c
                         ),
                     )
-                )
-                if name == "produce-1p-1x-none":
-                    consume_topics.append(t)
-            finish(name, rs, runs * mb / 1000, before)
+                    if name == "produce-1p-1x-none":
+                        consume_topics.append(t)
 
         half = int(results["produce-1p-1x-none"]["records_s"] / 2)
-        rs = []
-        before = tree_cpu_split(system.root_pid)
-        for _ in range(runs):
-            t = topic("half", 1)
-            n = max(half * 12, 1000)  # about twelve seconds
-            warmup = max(half * 2, 100)  # the first two: connecting, JIT, catching up
-            rs.append(
-                measure(
-                    system,
+        with run.row("produce-1p-1x-none-half-load") as row:
+            for _ in range(runs):
+                t = topic("half", 1)
+                n = max(half * 12, 1000)  # about twelve seconds
+                warmup = max(half * 2, 100)  # the first two: connecting, JIT, catching up
+                row.measure(
                     n * RECORD_SIZE / 1e6,
                     lambda t=t, n=n, w=warmup: producers_perf(
                         system.bootstrap, t, 1, n, "none", half, w
                     ),
                 )
-            )
-        finish("produce-1p-1x-none-half-load", rs, runs * n * RECORD_SIZE / 1e9, before)
 
-        rs = []
-        before = tree_cpu_split(system.root_pid)
-        for t in consume_topics:
-            rs.append(measure(system, mb, lambda t=t: consumer_perf(system.bootstrap, t, records)))
-        finish("consume-1p", rs, len(consume_topics) * mb / 1000, before)
+        with run.row("consume-1p") as row:
+            for t in consume_topics:
+                row.measure(mb, lambda t=t: consumer_perf(system.bootstrap, t, records))
 
         # 500,000 (was 100,000): at 500 MB/s the shorter run was over in a fifth of a
         # second, connecting included, and its figures were the least steady of all.
         py_records = int(500_000 * scale)
-        rs = []
-        before = tree_cpu_split(system.root_pid)
-        for _ in range(runs):
-            t = topic("python", 1)
-            rs.append(
-                measure(
-                    system,
+        with run.row("python-confluent-kafka") as row:
+            for _ in range(runs):
+                t = topic("python", 1)
+                row.measure(
                     2 * py_records * RECORD_SIZE / 1e6,
                     lambda t=t: python_workload(system.bootstrap, t, py_records),
                 )
-            )
-        finish("python-confluent-kafka", rs, runs * 2 * py_records * RECORD_SIZE / 1e9, before)
 
         rate, seconds = 1000, 10 * min(scale, 1.0) + 2
-        rs = []
-        before = tree_cpu_split(system.root_pid)
-        for _ in range(runs):
-            t = topic("e2e", 1)
-            rs.append(
-                measure(
-                    system,
+        with run.row("end-to-end-1000-per-s") as row:
+            for _ in range(runs):
+                t = topic("e2e", 1)
+                row.measure(
                     rate * seconds * RECORD_SIZE / 1e6,
                     lambda t=t: end_to_end(system.bootstrap, t, rate, seconds),
                 )
-            )
-        finish("end-to-end-1000-per-s", rs, runs * rate * seconds * RECORD_SIZE / 1e9, before)
 
         # bucketlog's own row comes last: the compaction of its 3,000 partitions goes on
         # for a minute after it (measured until the agent is idle again, as every row).
         if isinstance(system, Bucketlog):
-            rs = []
-            before = tree_cpu_split(system.root_pid)
-            for _ in range(runs):
-                t = topic("p1000", 1000)
-                rs.append(
-                    measure(
-                        system,
-                        mb,
-                        lambda t=t: producers_perf(system.bootstrap, t, 1, records, "none"),
+            with run.row("produce-1000p-1x-none") as row:
+                for _ in range(runs):
+                    t = topic("p1000", 1000)
+                    row.measure(
+                        mb, lambda t=t: producers_perf(system.bootstrap, t, 1, records, "none")
                     )
-                )
-            finish("produce-1000p-1x-none", rs, runs * mb / 1000, before)
         results["peak_rss_mb"] = round(tree_peak_rss_mb(system.root_pid), 1)
         results["whole_run"] = whole_run(system)
     finally:

@@ -21,6 +21,7 @@ on its PYTHONPATH.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -165,6 +166,7 @@ def one(mode: str) -> None:
             print(json.dumps(line), flush=True)
     finally:
         system.stop()
+        shutil.rmtree(hook, ignore_errors=True)
 
 
 for m in sys.argv[1:]:
