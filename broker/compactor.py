@@ -49,6 +49,7 @@ from broker import faults, logformat
 from broker.compaction import Compaction, CompactionSettings, CompactionStats
 from broker.costs import AccountingStore, Ledger
 from broker.lean import leave_out_test_only_modules
+from broker.memory import tune_allocator
 from broker.workers import Spent, StoreSpec, WorkerPool, add_spent, die_with_parent, moved
 from metadata import compaction as compaction_layer
 from metadata import keys, topics
@@ -265,6 +266,7 @@ def _main(
 ) -> None:
     leave_out_test_only_modules()
     die_with_parent(agent_pid)
+    tune_allocator()  # as in the agent (a spawned process starts with glibc's defaults)
     logformat.configure(*log_setup)
     faults.kill_agent_too(agent_pid)
     anyio.run(_serve, config, node_id, conn)

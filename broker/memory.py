@@ -21,6 +21,12 @@ produce runs, a catch-up read and a confluent-kafka round trip, peak RSS was 459
 with these settings, 620 MB without the arena limit and 573–599 MB with glibc's
 defaults.
 
+Compaction's process and its worker processes (broker.compactor, broker.workers) are
+spawned, so they start with glibc's defaults, and set the same: a job's reads are fresh
+buffers of up to its whole input. A worker took 262,000-289,000 minor faults and 1.3-1.9
+CPU s per GB written with the defaults, 36,000-52,000 and 0.9-1.2 with these
+(integration/bench/results/2026-12-04-compaction-cpu.{py,jsonl}).
+
 It does nothing on a C library other than glibc, and nothing for a threshold the operator
 already set through glibc's own environment variables (MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_, MALLOC_ARENA_MAX), which take precedence.

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.costs import AccountingStore, Ledger
 from broker.lean import leave_out_test_only_modules
+from broker.memory import tune_allocator
 from storage.objectstore import ObjectStore, open_store
 
 if TYPE_CHECKING:
@@ -208,6 +209,9 @@ def _start_worker(spec: StoreSpec, nice: int, log_level: int, parent_pid: int) -
     global _store
     leave_out_test_only_modules()  # before the jobs' modules are imported
     die_with_parent(parent_pid)
+    # A job's reads are fresh buffers of up to its whole input: on reused heap rather
+    # than new pages (broker.memory; a spawned process starts with glibc's defaults).
+    tune_allocator()
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if nice:
         os.nice(nice)

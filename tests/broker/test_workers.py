@@ -4,6 +4,7 @@ and real SQLite metadata; the processes are real (spawned), as the agent's are."
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -36,6 +37,20 @@ def _write_pace(store: AccountingStore) -> tuple[float | None, bool]:
     inner = store.inner
     assert isinstance(inner, LocalObjectStore)
     return inner.large_write_bytes_per_s, inner.large_io_direct
+
+
+def _faults_reusing(store: object, rounds: int = 5, buffers: int = 32) -> list[int]:
+    """In the worker: the minor page faults of each round of `buffers` 1 MiB buffers made,
+    held together and freed, as a job's reads are."""
+    import resource
+
+    counts = []
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        held = [bytearray(1 << 20) for _ in range(buffers)]
+        del held
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return counts
 
 
 def _copy(store: AccountingStore, source: str, target: str) -> int:
@@ -84,6 +99,25 @@ async def test_a_dead_worker_fails_its_job_and_the_next_job_gets_a_new_one(
     finally:
         pool.close()
     assert second != first
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+    reason="the allocator settings are glibc's (mallopt); this C library is not glibc",
+)
+async def test_a_worker_reuses_the_memory_its_last_job_freed(tmp_path: Path) -> None:
+    """A job's reads are fresh buffers each time: a worker keeps what it freed and uses it
+    again (broker.memory.tune_allocator, as the agent does), rather than taking new pages
+    from the kernel and faulting each one in (measured: 262,000-289,000 minor faults a
+    worker for a GB written with glibc's defaults, 36,000-52,000 with this)."""
+    pool = WorkerPool(StoreSpec(f"file://{tmp_path}"), workers=1, nice=0)
+    try:
+        counts, _spent = await pool.run(_faults_reusing)
+    finally:
+        pool.close()
+    pages = 32 * (1 << 20) // 4096
+    assert counts[0] >= pages // 2  # the first round's pages are new (the check counts)
+    assert max(counts[1:]) < pages // 10, counts  # the later rounds' are not
 
 
 def test_workers_die_with_their_agent(tmp_path: Path) -> None:
