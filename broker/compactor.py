@@ -48,9 +48,7 @@ import anyio
 from broker import faults, logformat
 from broker.compaction import Compaction, CompactionSettings, CompactionStats
 from broker.costs import AccountingStore, Ledger
-from broker.lean import leave_out_test_only_modules
-from broker.memory import tune_allocator
-from broker.workers import Spent, StoreSpec, WorkerPool, add_spent, die_with_parent, moved
+from broker.workers import Spent, StoreSpec, WorkerPool, add_spent, moved, start_child
 from metadata import compaction as compaction_layer
 from metadata import keys, topics
 from metadata.kv import KV, open_kv
@@ -264,9 +262,7 @@ def _main(
     agent_pid: int,
     log_setup: tuple[str, str],
 ) -> None:
-    leave_out_test_only_modules()
-    die_with_parent(agent_pid)
-    tune_allocator()  # as in the agent (a spawned process starts with glibc's defaults)
+    start_child(agent_pid)
     logformat.configure(*log_setup)
     faults.kill_agent_too(agent_pid)
     anyio.run(_serve, config, node_id, conn)

@@ -205,13 +205,20 @@ def die_with_parent(parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def start_child(parent_pid: int) -> None:
+    """The first steps of a process the agent (or its compaction process) spawned: the
+    test-only modules left out (before the jobs' modules are imported), death with its
+    parent, and the agent's allocator settings, as a spawned process starts with glibc's
+    defaults (a job's reads are fresh buffers of up to its whole input: on reused heap
+    rather than new pages, broker.memory)."""
+    leave_out_test_only_modules()
+    die_with_parent(parent_pid)
+    tune_allocator()
+
+
 def _start_worker(spec: StoreSpec, nice: int, log_level: int, parent_pid: int) -> None:
     global _store
-    leave_out_test_only_modules()  # before the jobs' modules are imported
-    die_with_parent(parent_pid)
-    # A job's reads are fresh buffers of up to its whole input: on reused heap rather
-    # than new pages (broker.memory; a spawned process starts with glibc's defaults).
-    tune_allocator()
+    start_child(parent_pid)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if nice:
         os.nice(nice)
