@@ -217,6 +217,11 @@ class Watch:
         if self._event.is_set():
             self._event = Flag()
 
+    @property
+    def fired(self) -> bool:
+        """Whether a key was notified since the last `arm`."""
+        return self._event.is_set()
+
     def fire(self) -> None:
         self._event.set()
 
@@ -229,15 +234,36 @@ class Watch:
         return await self._event.wait_until(deadline)
 
 
+MAX_NOTES = 1_000_000  # a Notifier's notes, about 200 bytes each
+
+
 class Notifier:
-    """Wakes waiters on keys (here: partitions) when something about them changed."""
+    """Wakes waiters on keys (here: partitions) when something about them changed.
+
+    It also keeps a note per key of what a reader last found, until the key is next
+    notified: while a key keeps its note, nothing about it changed that this notifier was
+    told of (broker.handlers.fetch: a Fetch at the end of a partition that has not moved
+    waits before it reads)."""
 
     def __init__(self) -> None:
         self._waiters: dict[object, set[Watch]] = {}
+        self._notes: dict[object, object] = {}
 
     def notify(self, key: object) -> None:
+        self._notes.pop(key, None)
         for watch in self._waiters.get(key, ()):
             watch.fire()
+
+    def note(self, key: object, found: object) -> None:
+        """Keep what was found about key (read after a watch of it was armed, with no
+        notification since): until key is notified."""
+        if len(self._notes) >= MAX_NOTES and key not in self._notes:
+            self._notes.clear()  # keys of partitions long gone: start again
+        self._notes[key] = found
+
+    def noted(self, key: object) -> object | None:
+        """What was last noted about key, if it was not notified since; else None."""
+        return self._notes.get(key)
 
     def has_waiters(self) -> bool:
         return bool(self._waiters)

@@ -19,7 +19,11 @@ them and the answer is OFFSET_OUT_OF_RANGE, as for any read below the log start.
 
 With fewer than min_bytes selected, the Fetch waits for any of its partitions to change
 (up to max_wait) and reads again; it watches them from before its first read, so an
-append between a read and the wait is never missed.
+append between a read and the wait is never missed. A tailing consumer asks again at once
+for the end it was just given: when each partition of a Fetch is asked for at the end this
+agent's last read found, and nothing was committed to it since (the notifier's note,
+dropped by every notification), the Fetch waits first and reads only then. Every answer
+still comes from a read made after the wait.
 
 Sessionless: every answer carries session id 0, which tells clients to send full fetch
 requests. Records are never decoded; only batch headers are walked to number them.
@@ -32,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -43,6 +47,7 @@ from broker.costs import charge
 from broker.entities import build, ms
 from broker.handlers import api, response_class
 from broker.metrics import Meter
+from broker.sync import Notifier
 from metadata import log as log_layer
 from metadata import topics as topics_layer
 from metadata import txns
@@ -393,10 +398,19 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
     deadline = time.monotonic() + ms(request.max_wait) / 1000
     read_committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     keys = [(p.topic.topic_id, p.partition) for p in partitions if p.topic is not None]
-    with agent.notifier.watch(keys) as watch:
+    notifier = agent.notifier
+    with notifier.watch(keys) as watch:
+        if min_bytes > 0 and _at_noted_ends(notifier, partitions, read_committed):
+            # Each partition ends where this agent's last read of it found it, and nothing
+            # was committed to it since (another agent's commit is found by the watermark
+            # poll, which notifies): a read now would find nothing. Wait, then read.
+            ctx.end_turn()
+            await watch.wait_until(deadline)
         while True:
             watch.arm()
             await _read(agent, partitions, read_committed)
+            if not watch.fired:  # what was read is current until the next notification
+                _note_ends(notifier, partitions)
             total = _select_all(partitions, max_bytes, read_committed)
             remaining = deadline - time.monotonic()
             has_error = any(p.error != ErrorCode.none for p in partitions)
@@ -406,6 +420,29 @@ async def handle(request: Any, ctx: HandlerContext) -> Any:
             await watch.wait_until(deadline)  # a timer, not a cancel scope
     _meter(agent.meter, partitions)
     return _answer(request, version, plan, read_committed)
+
+
+def _at_noted_ends(notifier: Notifier, partitions: list[_Partition], read_committed: bool) -> bool:
+    """Whether every partition is asked for at the end that the notifier's note of it
+    says (the high watermark, or the last stable offset for read_committed)."""
+    if not partitions:
+        return False
+    for p in partitions:
+        if p.topic is None or p.error != ErrorCode.none:
+            return False
+        noted = notifier.noted((p.topic.topic_id, p.partition))
+        if noted is None:
+            return False
+        high_watermark, last_stable_offset = cast(tuple[int, int], noted)
+        if p.fetch_offset != (last_stable_offset if read_committed else high_watermark):
+            return False
+    return True
+
+
+def _note_ends(notifier: Notifier, partitions: list[_Partition]) -> None:
+    for p in partitions:
+        if p.topic is not None and p.error == ErrorCode.none:
+            notifier.note((p.topic.topic_id, p.partition), (p.high_watermark, p.last_stable_offset))
 
 
 def _meter(meter: Meter, partitions: list[_Partition]) -> None:

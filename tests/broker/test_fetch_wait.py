@@ -231,3 +231,87 @@ async def test_a_fetch_whose_cached_entries_name_a_deleted_object_reads_the_inde
         assert entries is not None and {e.object_key.split("/")[0] for e in entries} == {
             "compacted"
         }
+
+
+def _count_reads(agent: Agent) -> list[int]:
+    """A counter of the agent's metadata reads from now on (one list item)."""
+    read = agent.kv.read
+    count = [0]
+
+    async def counted(fn: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return await read(fn, **kwargs)
+
+    agent.kv.read = counted  # type: ignore[method-assign]
+    return count
+
+
+async def test_a_fetch_at_the_end_it_was_just_given_waits_before_it_reads(tmp_path: Path) -> None:
+    """A tailing consumer asks at once for the end the last answer gave it: with nothing
+    committed to the partition since, the Fetch reads the metadata store only once woken,
+    and answers what the append brought."""
+    async with running_agent(tmp_path) as agent:
+        await _append(agent)
+        first = await fetch.handle(await _fetch_request(agent, 12, 0, 1), _context(agent, 12))
+        assert _offsets(first) == [0]
+        request = await _fetch_request(agent, 12, 1, 1)
+        reads = _count_reads(agent)
+        answers: list[Any] = []
+
+        async def tail() -> None:
+            answers.append(await fetch.handle(request, _context(agent, 12)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tail)
+            await anyio.sleep(0.2)
+            assert reads[0] == 0  # waiting, not read
+            started = time.monotonic()
+            await _append(agent, b"next")
+        assert time.monotonic() - started < MAX_WAIT_MS / 1000 / 2
+        (answer,) = answers
+        assert _offsets(answer) == [1]
+        assert answer.responses[0].partitions[0].high_watermark == 2
+
+
+async def test_a_fetch_at_an_end_that_moved_since_reads_at_once(tmp_path: Path) -> None:
+    """The partition grew after the last read found its end: the Fetch at that old end
+    answers the new record at once, not after max_wait."""
+    async with running_agent(tmp_path) as agent:
+        await _append(agent)
+        first = await fetch.handle(await _fetch_request(agent, 12, 0, 1), _context(agent, 12))
+        assert _offsets(first) == [0]
+        await _append(agent, b"next")
+        started = time.monotonic()
+        answer = await fetch.handle(await _fetch_request(agent, 12, 1, 1), _context(agent, 12))
+        assert time.monotonic() - started < MAX_WAIT_MS / 1000 / 2
+        assert _offsets(answer) == [1]
+
+
+async def test_a_fetch_at_an_end_another_agent_moved_is_woken_by_the_watermark_poll(
+    tmp_path: Path,
+) -> None:
+    """Another agent appends after this one's last read found the end: this agent was not
+    told, so its Fetch at that end waits; the watermark poll finds the append and wakes
+    it, well before max_wait."""
+    async with running_agent(tmp_path) as agent:
+        other = Agent.open(BrokerConfig(data_dir=str(tmp_path), flush_interval_ms=1))
+        await other.register()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other.pipeline.run)
+                tg.start_soon(agent.watermark_loop)
+                await _append(agent)
+                first = await fetch.handle(
+                    await _fetch_request(agent, 12, 0, 1), _context(agent, 12)
+                )
+                assert _offsets(first) == [0]
+                await _append(other, b"elsewhere")
+                started = time.monotonic()
+                answer = await fetch.handle(
+                    await _fetch_request(agent, 12, 1, 1), _context(agent, 12)
+                )
+                assert time.monotonic() - started < MAX_WAIT_MS / 1000 / 2
+                assert _offsets(answer) == [1]
+                tg.cancel_scope.cancel()
+        finally:
+            await other.aclose()
