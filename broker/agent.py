@@ -122,6 +122,7 @@ class Agent:
             hedge=self.hedge,
             meter=self.meter,
             topic_name=self.topic_name_of,
+            chunks=self.chunks,
         )
         self.journal = JournalPipeline(
             kv,

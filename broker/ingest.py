@@ -41,8 +41,9 @@ from broker.costs import charge
 from broker.metrics import Meter
 from broker.sync import Flag, Notifier, Promise
 from metadata import keys
+from metadata.chunk_cache import ChunkCache
 from metadata.kv import KV
-from metadata.log import AppendResult, PendingBatch, commit_ingest, get_partition
+from metadata.log import AppendResult, ChunkEntry, PendingBatch, commit_ingest, get_partition
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache, Pieces
 from storage.hedge import HedgedPuts
@@ -118,8 +119,11 @@ class IngestPipeline:
         meter: Meter | None = None,
         topic_name: Callable[[bytes], str] = bytes.hex,
         clock: Callable[[], float] = time.time,
+        chunks: ChunkCache | None = None,
     ) -> None:
         self._kv = kv
+        # The Fetch's cache of chunk entries: what a commit writes joins the runs held.
+        self._chunks = chunks
         self._hedge = hedge
         self.meter = meter or Meter()
         self._topic_name = topic_name
@@ -315,11 +319,13 @@ class IngestPipeline:
     async def _commit(self, group: list[_Flush]) -> None:
         """One metadata transaction for the group; then each flush has its results."""
         now_ms = int(self._clock() * 1000)
+        written: list[tuple[bytes, int, ChunkEntry]] = []  # by the attempt that commits
 
         def txn(tr: Any) -> list[list[AppendResult]]:
             # Taken in each attempt, once the store let it begin (SQLite's write lock
             # held): a batch past its deadline now is not written.
             now = time.monotonic()
+            written.clear()
             return [
                 commit_ingest(
                     tr,
@@ -329,6 +335,7 @@ class IngestPipeline:
                     now_ms,
                     f.pending,
                     {i for i, d in enumerate(f.deadlines) if d is not None and now > d},
+                    written,
                 )
                 + [_acked_not_committed(tr, self._sub, *dropped) for dropped in f.dropped]
                 for f in group
@@ -340,6 +347,9 @@ class IngestPipeline:
             self.meter.metadata_commit.observe(time.monotonic() - began)
             self.meter.commit_batch.observe(len(group))
             self.stats.commits += 1
+            if self._chunks is not None:
+                for topic_id, partition, entry in written:
+                    self._chunks.extend(topic_id, partition, entry)
         except Exception as exc:  # the metadata store failed: nothing of it is acked
             logger.warning("commit of %d flushes failed: %s", len(group), exc)
             self.stats.failed_flushes += len(group)

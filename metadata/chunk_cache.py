@@ -23,6 +23,11 @@ Rules:
 - Per partition one run of contiguous entries is kept (consumers read forward, so a new
   run replaces one it does not extend), at most `ENTRIES` entries of it, for the
   `PARTITIONS` partitions used last. A run is as old as its oldest entry.
+- An entry just committed (`extend`) joins the run it continues, if one is held: a
+  consumer at the end of a partition finds the entries of each flush held when the
+  flush wakes it. The run stays as old as it was (an entry committed at t names bytes
+  kept until t + delete delay at least, as one read at t). A run it does not continue
+  is left as it is, and nothing is held for a partition no one reads.
 - Thread-safe: transaction functions may run on worker threads.
 """
 
@@ -78,7 +83,7 @@ class ChunkCache:
         self._clock = clock
         self._runs: OrderedDict[tuple[bytes, int], _Run] = OrderedDict()
         self._lock = threading.Lock()
-        self.stats: dict[str, int] = {"hits": 0, "misses": 0, "expired": 0}
+        self.stats: dict[str, int] = {"hits": 0, "misses": 0, "expired": 0, "extended": 0}
 
     def lookup(
         self,
@@ -141,6 +146,18 @@ class ChunkCache:
         if high_watermark is not None and entries[-1].last_offset + 1 >= high_watermark:
             return out
         return None  # the index may go on past what is held
+
+    def extend(self, topic_id: bytes, partition: int, entry: ChunkEntry) -> None:
+        """Add an entry just committed to the partition's run, if it continues it."""
+        key = (topic_id, partition)
+        with self._lock:
+            run = self._fresh(key)
+            if run is None or run.entries[-1].last_offset + 1 != entry.base_offset:
+                return
+            run.entries.append(entry)
+            if len(run.entries) > self._entries:
+                del run.entries[0]
+            self.stats["extended"] += 1
 
     def forget(self, topic_id: bytes, partition: int) -> None:
         """Drop what is held of the partition (an object it named was found gone)."""

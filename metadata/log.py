@@ -351,12 +351,15 @@ def commit_ingest(
     now_ms: int,
     batches: Sequence[PendingBatch],
     expired: Collection[int] = (),
+    written: list[tuple[bytes, int, ChunkEntry]] | None = None,
 ) -> list[AppendResult]:
     """Give the batches of one uploaded object their offsets; results in input order.
 
     Batches of one partition must appear in the order they were received. The batches
     at the indexes in `expired` are refused with REQUEST_TIMED_OUT and not written:
-    their producers were answered so, or may have given up on them.
+    their producers were answered so, or may have given up on them. Each chunk entry
+    written is appended to `written`, with its partition, in offset order per partition
+    (a caller that retries the transaction empties it before each attempt).
 
     The partitions' states and the producers' records are read in one batch and the
     entries, states and records written in one batch (each statement of SQLite's costs
@@ -378,6 +381,8 @@ def commit_ingest(
         if run:
             entry = _run_entry(object_key, run, hwm)
             rows.extend(entry_rows(sub, topic_id, partition, entry))
+            if written is not None:
+                written.append((topic_id, partition, entry))
             live_chunks += 1
             added += entry.length
 

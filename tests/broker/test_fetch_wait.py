@@ -315,3 +315,23 @@ async def test_a_fetch_at_an_end_another_agent_moved_is_woken_by_the_watermark_p
                 tg.cancel_scope.cancel()
         finally:
             await other.aclose()
+
+
+async def test_an_append_after_a_read_of_the_end_is_held_for_the_next_fetch(
+    tmp_path: Path,
+) -> None:
+    """The entry a flush commits joins the chunk entries the last Fetch read: the Fetch
+    it wakes finds it without reading the index."""
+    async with running_agent(tmp_path) as agent:
+        await _append(agent)
+        first = await fetch.handle(await _fetch_request(agent, 12, 0, 1), _context(agent, 12))
+        assert _offsets(first) == [0]
+        topic = await agent.topic(TOPIC, fresh=True)
+        assert topic is not None
+        await _append(agent, b"next")
+        held = agent.chunks.lookup(topic.topic_id, 0, 1, 16, 1 << 20, 2)
+        assert held is not None and [(e.base_offset, e.last_offset) for e in held] == [(1, 1)]
+        misses = agent.chunks.stats["misses"]
+        answer = await fetch.handle(await _fetch_request(agent, 12, 1, 1), _context(agent, 12))
+        assert _offsets(answer) == [1]
+        assert agent.chunks.stats["misses"] == misses

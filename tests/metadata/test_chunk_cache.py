@@ -184,3 +184,83 @@ def test_entries_held_expire_before_their_objects_can_be_deleted(kv, topic):
     assert len(cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, hw2)) == 3
     now[0] += 10
     assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, hw2) is None
+
+
+def append_extending(kv, cache, topic, rng: random.Random, entries: int) -> None:
+    """`append`, each commit's entries then given to the cache as the ingest pipeline
+    gives them (`commit_ingest`'s `written`, after the commit)."""
+    for _ in range(entries):
+        pending = log.PendingBatch(
+            topic_id=topic.topic_id,
+            partition=0,
+            start=0,
+            length=rng.randint(1, 400),
+            last_offset_delta=rng.randint(0, 9),
+            max_timestamp=1000,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+        )
+        key = f"obj-{uuid.uuid4().hex}"
+        written: list[tuple[bytes, int, log.ChunkEntry]] = []
+
+        def txn(tr, k=key, b=pending, w=written):
+            w.clear()
+            return log.commit_ingest(tr, SUB, k, 10_000, 5, [b], (), w)
+
+        kv.transact_sync(txn)
+        (entry,) = [e for tid, p, e in written if (tid, p) == (topic.topic_id, 0)]
+        cache.extend(topic.topic_id, 0, entry)
+
+
+def test_entries_committed_join_the_run_they_continue(kv, topic):
+    """A consumer at the end: each commit's entry joins the run held, and the Fetch after
+    it is answered from memory, as the index answers."""
+    rng = random.Random(11)
+    append(kv, topic, rng, 3)
+    cache = ChunkCache()
+    _first, _direct, hw = both(kv, cache, topic, 0, 16, 1 << 20)
+    misses = cache.stats["misses"]
+    for _ in range(20):
+        append_extending(kv, cache, topic, rng, 1)
+        cached, direct, new_hw = both(kv, cache, topic, hw, 16, 1 << 20)
+        assert cached == direct and len(cached) == 1
+        hw = new_hw
+    assert cache.stats["misses"] == misses  # every answer from memory
+    assert cache.stats["extended"] == 20
+
+
+def test_an_entry_that_does_not_continue_the_run_is_not_held(kv, topic):
+    """A run of an older stretch (a consumer behind) stays as it is; an entry after a gap
+    (another agent's commit in between, say) is not added; a partition no one reads
+    holds nothing."""
+    rng = random.Random(12)
+    append(kv, topic, rng, 6)
+    entries = kv.read_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    cache = ChunkCache()
+    cache.add(topic.topic_id, 0, entries[:3])
+    cache.extend(topic.topic_id, 0, entries[4])  # entries[3] missing: a gap
+    assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, entries[-1].last_offset + 1) is None
+    assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, entries[3].base_offset) == entries[:3]
+    cache.extend(topic.topic_id, 0, entries[3])  # continues it
+    assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, entries[4].base_offset) == entries[:4]
+    cache.extend(topic.topic_id, 1, entries[0])
+    assert cache.lookup(topic.topic_id, 1, 0, 16, 1 << 20) is None
+    assert cache.stats["extended"] == 1
+
+
+def test_answers_match_the_index_while_commits_extend_the_cache(kv, topic):
+    rng = random.Random(13)
+    cache = ChunkCache(entries=24)
+    for _round in range(6):
+        append_extending(kv, cache, topic, rng, 15)
+        for _ in range(100):
+            hw = kv.read_sync(lambda tr: log.get_partition(tr, SUB, topic.topic_id, 0))
+            from_offset = rng.randint(max(0, hw.high_watermark - 40), hw.high_watermark + 2)
+            limit = rng.choice([0, 1, 4, 16])
+            max_bytes = rng.choice([0, 1, 150, 600, 2000, 1 << 20])
+            cached, direct, _hw = both(
+                kv, cache, topic, from_offset, limit, max_bytes, rng.random() < 0.8, wider=4
+            )
+            assert cached == direct, (from_offset, limit, max_bytes)
+    assert cache.stats["extended"] > 0
