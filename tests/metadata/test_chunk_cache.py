@@ -28,20 +28,25 @@ def topic(kv) -> topics.Topic:
     )
 
 
+def pending_batch(topic, rng: random.Random, partition: int = 0) -> log.PendingBatch:
+    """A batch of random size and offset count, alone in its object."""
+    return log.PendingBatch(
+        topic_id=topic.topic_id,
+        partition=partition,
+        start=0,
+        length=rng.randint(1, 400),
+        last_offset_delta=rng.randint(0, 9),
+        max_timestamp=1000,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+    )
+
+
 def append(kv, topic, rng: random.Random, entries: int, partition: int = 0) -> None:
     """Entries of random sizes and offset counts, one object each."""
     for _ in range(entries):
-        pending = log.PendingBatch(
-            topic_id=topic.topic_id,
-            partition=partition,
-            start=0,
-            length=rng.randint(1, 400),
-            last_offset_delta=rng.randint(0, 9),
-            max_timestamp=1000,
-            producer_id=-1,
-            producer_epoch=-1,
-            base_sequence=-1,
-        )
+        pending = pending_batch(topic, rng, partition)
         key = f"obj-{uuid.uuid4().hex}"
         kv.transact_sync(lambda tr, k=key, b=pending: log.commit_ingest(tr, SUB, k, 10_000, 5, [b]))
 
@@ -190,17 +195,7 @@ def append_extending(kv, cache, topic, rng: random.Random, entries: int) -> None
     """`append`, each commit's entries then given to the cache as the ingest pipeline
     gives them (`commit_ingest`'s `written`, after the commit)."""
     for _ in range(entries):
-        pending = log.PendingBatch(
-            topic_id=topic.topic_id,
-            partition=0,
-            start=0,
-            length=rng.randint(1, 400),
-            last_offset_delta=rng.randint(0, 9),
-            max_timestamp=1000,
-            producer_id=-1,
-            producer_epoch=-1,
-            base_sequence=-1,
-        )
+        pending = pending_batch(topic, rng)
         key = f"obj-{uuid.uuid4().hex}"
         written: list[tuple[bytes, int, log.ChunkEntry]] = []
 
