@@ -348,8 +348,7 @@ class IngestPipeline:
             self.meter.commit_batch.observe(len(group))
             self.stats.commits += 1
             if self._chunks is not None:
-                for topic_id, partition, entry in written:
-                    self._chunks.extend(topic_id, partition, entry)
+                self._chunks.extend(written)
         except Exception as exc:  # the metadata store failed: nothing of it is acked
             logger.warning("commit of %d flushes failed: %s", len(group), exc)
             self.stats.failed_flushes += len(group)

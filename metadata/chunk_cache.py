@@ -37,7 +37,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from metadata import keys
 from metadata.kv import ReadTransaction
@@ -108,10 +108,12 @@ class ChunkCache:
                 self._runs.move_to_end((topic_id, partition))
             return found
 
-    def _fresh(self, key: tuple[bytes, int]) -> _Run | None:
+    def _fresh(self, key: tuple[bytes, int], now: float | None = None) -> _Run | None:
         """The partition's run, unless it is too old to use (then it is dropped)."""
         run = self._runs.get(key)
-        if run is not None and self._clock() - run.read_at >= self._max_age:
+        if run is None:
+            return None
+        if (self._clock() if now is None else now) - run.read_at >= self._max_age:
             del self._runs[key]
             self.stats["expired"] += 1
             return None
@@ -147,17 +149,23 @@ class ChunkCache:
             return out
         return None  # the index may go on past what is held
 
-    def extend(self, topic_id: bytes, partition: int, entry: ChunkEntry) -> None:
-        """Add an entry just committed to the partition's run, if it continues it."""
-        key = (topic_id, partition)
+    def extend(self, committed: Iterable[tuple[bytes, int, ChunkEntry]]) -> None:
+        """Add the entries of one commit, (topic id, partition, entry) in offset order per
+        partition, each to its partition's run if it continues it. One lock and one
+        clock reading for the commit: a flush may write an entry for each of a thousand
+        partitions."""
         with self._lock:
-            run = self._fresh(key)
-            if run is None or run.entries[-1].last_offset + 1 != entry.base_offset:
+            if not self._runs:
                 return
-            run.entries.append(entry)
-            if len(run.entries) > self._entries:
-                del run.entries[0]
-            self.stats["extended"] += 1
+            now = self._clock()
+            for topic_id, partition, entry in committed:
+                run = self._fresh((topic_id, partition), now)
+                if run is None or run.entries[-1].last_offset + 1 != entry.base_offset:
+                    continue
+                run.entries.append(entry)
+                if len(run.entries) > self._entries:
+                    del run.entries[0]
+                self.stats["extended"] += 1
 
     def forget(self, topic_id: bytes, partition: int) -> None:
         """Drop what is held of the partition (an object it named was found gone)."""

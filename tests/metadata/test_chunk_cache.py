@@ -204,8 +204,8 @@ def append_extending(kv, cache, topic, rng: random.Random, entries: int) -> None
             return log.commit_ingest(tr, SUB, k, 10_000, 5, [b], (), w)
 
         kv.transact_sync(txn)
-        (entry,) = [e for tid, p, e in written if (tid, p) == (topic.topic_id, 0)]
-        cache.extend(topic.topic_id, 0, entry)
+        assert [(tid, p) for tid, p, _e in written] == [(topic.topic_id, 0)]
+        cache.extend(written)
 
 
 def test_entries_committed_join_the_run_they_continue(kv, topic):
@@ -234,12 +234,12 @@ def test_an_entry_that_does_not_continue_the_run_is_not_held(kv, topic):
     entries = kv.read_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
     cache = ChunkCache()
     cache.add(topic.topic_id, 0, entries[:3])
-    cache.extend(topic.topic_id, 0, entries[4])  # entries[3] missing: a gap
+    cache.extend([(topic.topic_id, 0, entries[4])])  # entries[3] missing: a gap
     assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, entries[-1].last_offset + 1) is None
     assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, entries[3].base_offset) == entries[:3]
-    cache.extend(topic.topic_id, 0, entries[3])  # continues it
+    cache.extend([(topic.topic_id, 0, entries[3])])  # continues it
     assert cache.lookup(topic.topic_id, 0, 0, 16, 1 << 20, entries[4].base_offset) == entries[:4]
-    cache.extend(topic.topic_id, 1, entries[0])
+    cache.extend([(topic.topic_id, 1, entries[0])])
     assert cache.lookup(topic.topic_id, 1, 0, 16, 1 << 20) is None
     assert cache.stats["extended"] == 1
 
