@@ -2,9 +2,11 @@
 
 Rules:
 
-- This is the only module that imports kio's reader and writer (``kio.serial``;
-  ``protocol.bounds`` reads its field introspection): kio's reader API has
-  changed between releases, so it is wrapped here and nowhere else.
+- This is the only module that imports kio's reader (``kio.serial``;
+  ``protocol.bounds`` reads its field introspection, ``protocol.writers`` its
+  choice of writers): kio's reader API has changed between releases, so it is
+  wrapped here and nowhere else. Entities are written by ``protocol.writers``,
+  kio's bytes with less Python per field.
 - Every body is checked by ``protocol.bounds`` before kio's reader sees it: kio
   reserves memory for any array length the remote announces, and reads a null
   array as None where the schema allows none. Both are a ``MalformedRequest``
@@ -38,10 +40,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.protocol import Entity, RequestPayload, ResponsePayload
 
-from . import bounds, produce
+from . import bounds, produce, writers
 from .errors import (
     LocalProtocolError,
     MalformedRequest,
@@ -151,7 +153,7 @@ def _reader(entity_type: type[Entity]) -> _Reader:
 def _writer(entity_type: type[Entity]) -> _Writer:
     writer = _writers.get(entity_type)
     if writer is None:
-        writer = cast(_Writer, entity_writer(entity_type))
+        writer = writers.entity_writer(entity_type)
         _writers[entity_type] = writer
     return writer
 
