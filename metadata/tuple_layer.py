@@ -8,8 +8,9 @@ Rules:
   `fdb.api_version()` does), so this module works on machines without the FDB client;
 * supported element types: None, bytes, str, int (any size), bool, float, uuid.UUID and
   nested tuples;
-* the types nearly every key and value holds (None, bytes, str and ints of up to 8 bytes)
-  are packed and unpacked here, in one loop without a call per element (`fdb.tuple` makes
+* the types nearly every key and value holds (None, bytes, str, ints of up to 8 bytes
+  and tuples of them: an idempotent producer's state in a partition, written by every
+  flush) are packed and unpacked here, in one loop without a call per element (`fdb.tuple` makes
   several: on the metadata paths that read thousands of entries, such as a compaction's
   commit, unpacking was most of the time); a tuple with anything else goes to `fdb.tuple`
   whole. Both give the same bytes and the same tuples: tests/metadata/test_tuple_layer.py
@@ -25,6 +26,8 @@ import fdb.tuple as _fdb_tuple
 
 # Type codes of FoundationDB's tuple encoding (the design/tuple.md of its repository).
 _NULL = 0x00
+_NESTED = 0x05  # a tuple inside a tuple: its items, then 0x00
+_NESTED_NULL = b"\x00\xff"  # None inside a nested tuple
 _BYTES = 0x01
 _STRING = 0x02
 _INT_ZERO = 0x14  # 0x14 - n: a negative int of n bytes; 0x14 + n: a positive one
@@ -36,7 +39,13 @@ _INT_HEADS = [bytes((_INT_ZERO + n,)) for n in range(-8, 9)]  # index n + 8
 def pack(t: tuple[Any, ...]) -> bytes:
     """The key bytes of tuple `t`; bytewise order of the results is tuple order."""
     parts: list[bytes] = []
-    append = parts.append
+    if not _pack_into(t, parts.append, False):
+        return _fdb_pack(t)
+    return b"".join(parts)
+
+
+def _pack_into(t: tuple[Any, ...], append: Any, nested: bool) -> bool:
+    """Append the encoding of t's items; False if an item is of a type left to fdb."""
     for item in t:
         kind = type(item)  # exact types: a bool is an int, and packs otherwise
         if kind is int:
@@ -51,7 +60,7 @@ def pack(t: tuple[Any, ...]) -> bytes:
                 append(_INT_HEADS[8 - n])
                 append((item + (1 << (8 * n)) - 1).to_bytes(n, "big"))
             else:
-                return _fdb_pack(t)
+                return False
         elif kind is bytes:
             append(b"\x01")
             append(item.replace(b"\x00", _ESCAPED_NUL) if b"\x00" in item else item)
@@ -62,25 +71,39 @@ def pack(t: tuple[Any, ...]) -> bytes:
             append(raw.replace(b"\x00", _ESCAPED_NUL) if b"\x00" in raw else raw)
             append(b"\x00")
         elif item is None:
+            append(_NESTED_NULL if nested else b"\x00")
+        elif kind is tuple:
+            append(b"\x05")
+            if not _pack_into(item, append, True):
+                return False
             append(b"\x00")
         else:
-            return _fdb_pack(t)
-    return b"".join(parts)
+            return False
+    return True
 
 
 def unpack(b: bytes) -> tuple[Any, ...]:
     """The tuple whose packed form is `b` (inverse of `pack`)."""
     if type(b) is not bytes:
         b = bytes(b)
+    found = _unpack_from(b, 0, False)
+    if found is None:
+        return _fdb_unpack(b)  # a type left to fdb, or bytes cut short: fdb says how
+    return tuple(found[0])
+
+
+def _unpack_from(b: bytes, pos: int, nested: bool) -> tuple[list[Any], int] | None:
+    """The items from pos on, and where they end: at the end of b, or (nested) past the
+    0x00 that closes them. None: something only fdb.tuple reads, or a cut."""
     out: list[Any] = []
     append = out.append
-    pos, size = 0, len(b)
+    size = len(b)
     while pos < size:
         code = b[pos]
         if _INT_ZERO < code <= _INT_ZERO + 8:
             end = pos + 1 + code - _INT_ZERO
             if end > size:
-                return _fdb_unpack(b)  # truncated: fdb.tuple says how
+                return None
             append(int.from_bytes(b[pos + 1 : end], "big"))
             pos = end
         elif code == _BYTES or code == _STRING:
@@ -88,7 +111,7 @@ def unpack(b: bytes) -> tuple[Any, ...]:
             while end != -1 and end + 1 < size and b[end + 1] == 0xFF:
                 end = b.find(0, end + 2)
             if end == -1:
-                return _fdb_unpack(b)
+                return None
             raw = b[pos + 1 : end]
             if _ESCAPED_NUL in raw:
                 raw = raw.replace(_ESCAPED_NUL, b"\x00")
@@ -101,15 +124,29 @@ def unpack(b: bytes) -> tuple[Any, ...]:
             n = _INT_ZERO - code
             end = pos + 1 + n
             if end > size:
-                return _fdb_unpack(b)
+                return None
             append(int.from_bytes(b[pos + 1 : end], "big") - (1 << (8 * n)) + 1)
             pos = end
         elif code == _NULL:
-            append(None)
-            pos += 1
+            if not nested:
+                append(None)
+                pos += 1
+            elif pos + 1 < size and b[pos + 1] == 0xFF:
+                append(None)
+                pos += 2
+            else:
+                return out, pos + 1  # the nested tuple's end
+        elif code == _NESTED:
+            inner = _unpack_from(b, pos + 1, True)
+            if inner is None:
+                return None
+            append(tuple(inner[0]))
+            pos = inner[1]
         else:
-            return _fdb_unpack(b)
-    return tuple(out)
+            return None
+    if nested:
+        return None  # no closing 0x00: let fdb.tuple say how it reads that
+    return out, pos
 
 
 def _fdb_pack(t: tuple[Any, ...]) -> bytes:
