@@ -83,7 +83,6 @@ __all__ = [
 
 E = TypeVar("E", bound=Entity)
 _Reader = Callable[[bytes | memoryview, int], tuple[Any, int]]
-_Writer = Callable[[Any, Any], None]
 
 _SIZE = struct.Struct(">i")
 _MAX_FRAME = 0x7FFFFFFF
@@ -125,21 +124,7 @@ class Response:
     body: ResponsePayload
 
 
-class _Parts(list[bytes | memoryview]):
-    """A write target that keeps references instead of copying.
-
-    kio's writers only call ``write``; joining the parts at the end copies
-    every byte exactly once.
-    """
-
-    __slots__ = ()
-
-    # list.append itself, not a Python wrapper: kio calls write once per field.
-    write = list.append
-
-
 _readers: dict[type[Entity], _Reader] = {}
-_writers: dict[type[Entity], _Writer] = {}
 
 
 def _reader(entity_type: type[Entity]) -> _Reader:
@@ -150,12 +135,8 @@ def _reader(entity_type: type[Entity]) -> _Reader:
     return reader
 
 
-def _writer(entity_type: type[Entity]) -> _Writer:
-    writer = _writers.get(entity_type)
-    if writer is None:
-        writer = writers.entity_writer(entity_type)
-        _writers[entity_type] = writer
-    return writer
+# Built once per entity class and kept (protocol.writers caches them).
+_writer = writers.entity_writer
 
 
 # Only known (api_key, api_version) pairs are cached: the remote chooses them, so the
@@ -238,8 +219,8 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     return Request(header, body)
 
 
-def _frame_parts(head: bytes, entity: Entity) -> _Parts:
-    parts = _Parts((b"", head))
+def _frame_parts(head: bytes, entity: Entity) -> writers.Parts:
+    parts = writers.Parts((b"", head))
     try:
         _writer(type(entity))(parts, entity)
     except Exception as error:
@@ -345,7 +326,7 @@ def decode_response(
 def encode_entity(entity: Entity) -> bytes:
     """Encode any kio entity alone (no header, no size prefix), e.g. a
     ConsumerProtocolAssignment carried as bytes inside SyncGroup."""
-    parts = _Parts()
+    parts = writers.Parts()
     _writer(type(entity))(parts, entity)
     return b"".join(parts)
 

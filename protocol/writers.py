@@ -187,24 +187,36 @@ def _nullable_entity(write_entity: Writer) -> Writer:
     return write
 
 
+def _kio_choice(field: Field[Any], flexible: bool, is_request_header: bool, is_tag: bool) -> Any:
+    """kio's writer of a plain (not array, not entity) field, as its get_field_writer
+    chooses; None for any other field."""
+    if is_request_header and field.name == "client_id":
+        return kio_writers.write_nullable_legacy_string  # always the legacy string
+    if not isinstance(classify_field(field), PrimitiveField):
+        return None
+    optional = False if is_tag else is_optional(field)
+    return get_writer(get_schema_field_type(field), flexible, optional)
+
+
 def _field_writer(
     field: Field[Any], flexible: bool, is_request_header: bool, is_tag: bool
 ) -> Writer:
     """As kio's get_field_writer chooses, with ours in place of kio's functions."""
-    if is_request_header and field.name == "client_id":
-        return _VARIABLE[kio_writers.write_nullable_legacy_string]
+    plain = _kio_choice(field, flexible, is_request_header, is_tag)
+    if plain is not None:
+        return _value_writer(plain)
     optional = False if is_tag else is_optional(field)
     kind = classify_field(field)
     inner: Writer
     match kind:
-        case PrimitiveField():
-            inner = _value_writer(get_writer(get_schema_field_type(field), flexible, optional))
         case PrimitiveTupleField():
             inner = _value_writer(get_writer(get_schema_field_type(field), flexible, False))
         case EntityField(entity_type):
             inner = entity_writer(entity_type, optional)
         case EntityTupleField(entity_type):
             inner = entity_writer(entity_type)
+        case _:
+            raise AssertionError(f"unclassified field {field.name}")
     if kind.is_array:
         return _array(inner, flexible)
     return inner
@@ -212,13 +224,7 @@ def _field_writer(
 
 def _fixed_of(field: Field[Any], flexible: bool, is_request_header: bool) -> tuple[str, Any] | None:
     """(struct code, conversion) of a plain field of a fixed width, else None."""
-    if is_request_header and field.name == "client_id":
-        return None
-    kind = classify_field(field)
-    if not isinstance(kind, PrimitiveField):
-        return None
-    chosen = get_writer(get_schema_field_type(field), flexible, is_optional(field))
-    return _FIXED.get(chosen)
+    return _FIXED.get(_kio_choice(field, flexible, is_request_header, False))
 
 
 def _run_writer(names: list[str], codes: list[str], converts: list[Any]) -> Writer:
@@ -250,8 +256,13 @@ def _field_step(name: str, write_value: Writer) -> Writer:
     return lambda buffer, entity: write_value(buffer, get(entity))
 
 
-class _Collect(list[Any]):
+class Parts(list[Any]):
+    """A write target that keeps references instead of copying: the writers only call
+    ``write``, and joining the parts at the end copies every byte exactly once."""
+
     __slots__ = ()
+
+    # list.append itself, not a Python wrapper: write is called once per field or run.
     write = list.append
 
 
@@ -315,7 +326,7 @@ def entity_writer(entity_type: type, nullable: bool = False) -> Writer:
             value = getattr(entity, name)
             if value == default or (default is MISSING and value == implicit):
                 continue
-            collected = _Collect()
+            collected = Parts()
             write_value(collected, value)
             present.append((tag, b"".join(collected)))
         buffer.write(_uvarint(len(present)))

@@ -19,12 +19,8 @@ from tests.protocol.kio_samples import payload_classes, sample
 CLASSES = payload_classes("request") + payload_classes("response")
 
 
-class _Parts(list[Any]):
-    write = list.append
-
-
 def ours(entity: Any) -> bytes:
-    parts = _Parts()
+    parts = writers.Parts()
     writers.entity_writer(type(entity))(parts, entity)
     return b"".join(parts)
 
@@ -68,7 +64,7 @@ def test_a_fixed_width_run_is_packed_in_one_part() -> None:
     entity = PartitionProduceResponse(
         index=3, error_code=ErrorCode.none, base_offset=7, log_start_offset=0, record_errors=()
     )
-    parts = _Parts()
+    parts = writers.Parts()
     writers.entity_writer(PartitionProduceResponse)(parts, entity)
     assert parts[0] == (3).to_bytes(4, "big") + bytes(2) + (7).to_bytes(
         8, "big"
