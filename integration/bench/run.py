@@ -126,6 +126,30 @@ def cpu_ticks(pid: int) -> tuple[int, int] | None:
     return int(fields[11]), int(fields[12])
 
 
+def large_objects(data_dir: Path) -> list[str]:
+    """A local store's files over 1 MiB outside its segment folder: compaction's outputs."""
+    out = []
+    for root, _dirs, files in os.walk(data_dir):
+        if ".segments" in root:
+            continue
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.getsize(path) > 1 << 20:
+                out.append(path)
+    return out
+
+
+def page_cache_bytes(paths: list[str]) -> tuple[int, int]:
+    """(bytes in the page cache, bytes) of the files, by util-linux's fincore."""
+    if not paths:
+        return 0, 0
+    found = subprocess.run(
+        ["fincore", "-b", "-n", "-o", "RES,SIZE", *paths], capture_output=True, text=True
+    ).stdout.split()
+    values = list(map(int, found))
+    return sum(values[0::2]), sum(values[1::2])
+
+
 def tree_cpu_split(root: int) -> tuple[float, float]:
     """CPU seconds of the process tree under root, and of it the seconds of its
     multiprocessing children: a bucketlog agent's compaction workers (broker.workers),

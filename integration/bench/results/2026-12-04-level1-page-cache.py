@@ -24,8 +24,6 @@ MB/s: it is not the first read as such that is slower.)
 """
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,30 +36,6 @@ system = B.Bucketlog(1)
 system.start()
 
 
-def objects() -> list[str]:
-    """The store's files over 1 MiB outside the segment folder: compaction's outputs."""
-    out = []
-    for root, _dirs, files in os.walk(system.dir / "data"):
-        if ".segments" in root:
-            continue
-        for name in files:
-            path = os.path.join(root, name)
-            if os.path.getsize(path) > 1 << 20:
-                out.append(path)
-    return out
-
-
-def in_page_cache(paths: list[str]) -> tuple[int, int]:
-    """(bytes in the page cache, bytes) of the files."""
-    if not paths:
-        return 0, 0
-    found = subprocess.run(
-        ["fincore", "-b", "-n", "-o", "RES,SIZE", *paths], capture_output=True, text=True
-    ).stdout.split()
-    values = list(map(int, found))
-    return sum(values[0::2]), sum(values[1::2])
-
-
 try:
     topics = []
     for k in range(4):
@@ -70,14 +44,14 @@ try:
         B.producers_perf(system.bootstrap, topic, 1, RECORDS, "none")
         topics.append(topic)
     time.sleep(90)
-    paths = objects()
+    paths = B.large_objects(system.dir / "data")
     for i, topic in enumerate(topics):
         if i % 2 == 1:
             for path in paths:
                 with open(path, "rb") as f:
                     while f.read(1 << 22):
                         pass
-        cached = in_page_cache(paths)
+        cached = B.page_cache_bytes(paths)
         cpu0 = B.tree_cpu_split(system.root_pid)
         read = B.consumer_perf(system.bootstrap, topic, RECORDS)
         cpu1 = B.tree_cpu_split(system.root_pid)

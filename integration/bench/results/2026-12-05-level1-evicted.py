@@ -9,12 +9,12 @@ live mapping holds stay), before each odd one read through. One JSON line a read
 (2026-12-05-level1-evicted.jsonl, 2026-12-05 00:18): the agent's CPU s per read of
 307 MB 0.43, 0.35, 0.30 evicted against 0.43, 0.34, 0.30 read through; MB/s 282.8,
 296.8, 349.2 against 382.0, 332.9, 361.2. The agent's CPU falls with its age, not with
-the page cache.
+the page cache. (The committed lines also carry an "s" field, always null: a
+field consumer_perf never gave, since dropped.)
 """
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,30 +27,6 @@ system = B.Bucketlog(1)
 system.start()
 
 
-def objects() -> list[str]:
-    """The store's files over 1 MiB outside the segment folder: compaction's outputs."""
-    out = []
-    for root, _dirs, files in os.walk(system.dir / "data"):
-        if ".segments" in root:
-            continue
-        for name in files:
-            path = os.path.join(root, name)
-            if os.path.getsize(path) > 1 << 20:
-                out.append(path)
-    return out
-
-
-def in_page_cache(paths: list[str]) -> tuple[int, int]:
-    """(bytes in the page cache, bytes) of the files."""
-    if not paths:
-        return 0, 0
-    found = subprocess.run(
-        ["fincore", "-b", "-n", "-o", "RES,SIZE", *paths], capture_output=True, text=True
-    ).stdout.split()
-    values = list(map(int, found))
-    return sum(values[0::2]), sum(values[1::2])
-
-
 try:
     topics = []
     for k in range(6):
@@ -59,19 +35,19 @@ try:
         B.producers_perf(system.bootstrap, topic, 1, RECORDS, "none")
         topics.append(topic)
     time.sleep(90)
-    paths = objects()
+    paths = B.large_objects(system.dir / "data")
     for i, topic in enumerate(topics):
         if i % 2 == 0:
             for path in paths:
                 fd = os.open(path, os.O_RDONLY)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 os.close(fd)
-        if i % 2 == 1:
+        else:
             for path in paths:
                 with open(path, "rb") as f:
                     while f.read(1 << 22):
                         pass
-        cached = in_page_cache(paths)
+        cached = B.page_cache_bytes(paths)
         cpu0 = B.tree_cpu_split(system.root_pid)
         read = B.consumer_perf(system.bootstrap, topic, RECORDS)
         cpu1 = B.tree_cpu_split(system.root_pid)
@@ -82,7 +58,6 @@ try:
             "mb_s": read["mb_s"],
             "agent_cpu_s": round(cpu1[0] - cpu0[0], 2),
             "workers": round(cpu1[1] - cpu0[1], 2),
-            "s": read.get("seconds"),
         }
         print(json.dumps(line), flush=True)
 finally:
