@@ -100,6 +100,7 @@ class JournalPipeline(IngestPipeline):
     """The ingest pipeline of lightning topics: answer after the upload, sequence after."""
 
     _drop_fault = False
+    _commits_own = False  # its flushes are sequenced by its own committer
 
     def __init__(
         self,

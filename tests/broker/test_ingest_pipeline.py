@@ -391,3 +391,62 @@ async def test_with_flush_when_idle_batches_wait_for_the_flush_in_flight_then_go
     assert all(r.error == ErrorCode.none for r in results)
     assert pipeline.stats.flushes == 2 and setup.store.stats["puts"] == 2
     assert setup.values(0) == [b"first-0", b"b0-0"]
+
+
+class ThreadsKV(SQLiteKV):
+    """The real SQLite store, noting the thread each read-write transaction ran in."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, retry_deadline=1.0, busy_timeout=0.05)
+        self.threads: list[str] = []
+
+    def transact_sync(self, fn: Callable[[Any], Any]) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return super().transact_sync(fn)
+
+
+async def test_a_flush_next_in_order_commits_in_its_upload_thread_and_the_next_wait(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """The first flush (next in order, nothing committing) commits right after its upload
+    in the same worker thread. The two flushes that upload while it waits are committed
+    after it, together, by the committer (a metadata worker thread), in order."""
+    kv = ThreadsKV(tmp_path / "meta.db")
+    uploading = threading.Event()
+    release = threading.Event()
+
+    def first_upload_waits(n: int) -> None:
+        if n == 1:
+            uploading.set()
+            release.wait(10)
+
+    setup.store.before_put = first_upload_waits
+    pipeline = IngestPipeline(
+        kv, SUB, setup.store, setup.cache, Notifier(), flush_interval_ms=1, flush_bytes=1
+    )
+    topic_id = setup.topic.topic_id
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipeline.run)
+            first = pipeline.enqueue(topic_id, 0, *batch(b"first"))
+            assert await anyio.to_thread.run_sync(uploading.wait, 10)
+            later = []
+            for value in (b"second", b"third"):
+                later.append(pipeline.enqueue(topic_id, 0, *batch(value)))
+                await anyio.sleep(0.02)  # a flush each, uploaded while the first waits
+            assert setup.store.calls == 3 and pipeline.stats.commits == 0
+            release.set()
+            with anyio.fail_after(30):
+                results = [await p.wait() for p in [first, *later]]
+            tg.cancel_scope.cancel()
+    finally:
+        await kv.aclose()
+    assert [(r.error, r.base_offset) for r in results] == [
+        (ErrorCode.none, 0),
+        (ErrorCode.none, 1),
+        (ErrorCode.none, 2),
+    ]
+    assert pipeline.stats.own_commits == 1 and pipeline.stats.commits == 2
+    assert kv.threads[0] == "upload worker"
+    assert kv.threads[1] != "upload worker"
+    assert setup.values(0) == [b"first-0", b"second-0", b"third-0"]
