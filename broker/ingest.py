@@ -161,7 +161,7 @@ class IngestPipeline:
         self._uploaded: dict[int, _Flush | None] = {}  # None: skipped, nothing to commit
         self._uploaded_changed = Flag()
         self._next_commit = 0
-        self._committing = False  # a commit is under way: the committer's or a flush's own
+        self._commit_busy = False  # a commit is under way: the committer's or a flush's own
         self._hedged_threads = anyio.CapacityLimiter(max_concurrent_flushes)
         self._uploads = ThreadPool(max_concurrent_flushes, "upload")
         self.stats = PipelineStats()
@@ -308,14 +308,14 @@ class IngestPipeline:
         """If the flush, about to upload, is to commit itself in its upload's thread (one
         hand-over to a thread instead of two): only when it is next to commit and no
         commit is under way. It then holds the commit side until _own_commit_done."""
-        if not self._commits_own or self._committing or flush.seq != self._next_commit:
+        if not self._commits_own or self._commit_busy or flush.seq != self._next_commit:
             return None
-        self._committing = True
+        self._commit_busy = True
         self._next_commit += 1
         return _OwnCommit()
 
     def _own_commit_done(self) -> None:
-        self._committing = False
+        self._commit_busy = False
         self._uploaded_changed.set()  # the committer goes on with the flushes after it
 
     def _put_and_commit(self, flush: _Flush, own: _OwnCommit) -> None:
@@ -335,7 +335,7 @@ class IngestPipeline:
         """Commit the uploaded flushes in flush order: every one that is ready, together."""
         while True:
             self._uploaded_changed = Flag()
-            if self._committing:  # a flush commits itself: the next ones wait for it
+            if self._commit_busy:  # a flush commits itself: the next ones wait for it
                 await self._uploaded_changed.wait()
                 continue
             group: list[_Flush] = []
@@ -346,11 +346,11 @@ class IngestPipeline:
                     group.append(uploaded)
             group = self._within_commit_delay(group)
             if group:
-                self._committing = True
+                self._commit_busy = True
                 try:
                     await self._commit(group)
                 finally:
-                    self._committing = False
+                    self._commit_busy = False
             else:
                 await self._uploaded_changed.wait()
 
