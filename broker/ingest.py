@@ -270,7 +270,8 @@ class IngestPipeline:
                 if own is not None:
                     flush.uploaded_at = own.uploaded_at
                     (committed,) = self._committed([flush], own.outcome, own.written, own.took)
-                    self.stats.own_commits += not isinstance(own.outcome, Exception)
+                    if not isinstance(own.outcome, Exception):
+                        self.stats.own_commits += 1
                 else:
                     flush.uploaded_at = time.monotonic()
                     committed = await self._after_upload(flush)
@@ -323,8 +324,7 @@ class IngestPipeline:
         fails raises (nothing committed); a failed commit is kept in `own.outcome`."""
         self._store.put_parts_sync(flush.key, flush.parts, if_absent=True)
         own.uploaded_at = time.monotonic()
-        txn = self._commit_txn([flush])
-        own.written = txn.written
+        txn, own.written = self._commit_txn([flush])
         try:
             own.outcome = self._kv.transact_sync(txn)
         except Exception as exc:
@@ -373,19 +373,22 @@ class IngestPipeline:
 
     async def _commit(self, group: list[_Flush]) -> None:
         """One metadata transaction for the group; then each flush has its results."""
-        txn = self._commit_txn(group)
+        txn, written = self._commit_txn(group)
         began = time.monotonic()
         outcome: list[list[AppendResult]] | Exception
         try:
             outcome = await self._kv.transact(txn)
         except Exception as exc:
             outcome = exc
-        committed = self._committed(group, outcome, txn.written, time.monotonic() - began)
+        committed = self._committed(group, outcome, written, time.monotonic() - began)
         for f, results in zip(group, committed, strict=True):
             f.committed.set(results)
 
-    def _commit_txn(self, group: list[_Flush]) -> _CommitTxn:
-        """The transaction that commits the group's flushes (in any thread)."""
+    def _commit_txn(
+        self, group: list[_Flush]
+    ) -> tuple[Callable[[Any], list[list[AppendResult]]], list[tuple[bytes, int, ChunkEntry]]]:
+        """The transaction that commits the group's flushes (run in any thread), and the
+        list its committing attempt fills with the chunk entries it wrote."""
         now_ms = int(self._clock() * 1000)
         written: list[tuple[bytes, int, ChunkEntry]] = []  # by the attempt that commits
 
@@ -409,7 +412,7 @@ class IngestPipeline:
                 for f in group
             ]
 
-        return _CommitTxn(txn, written)
+        return txn, written
 
     def _committed(
         self,
@@ -529,17 +532,6 @@ class IngestPipeline:
         """The answers of an uploaded flush's batches: once it is committed."""
         self._hand_over(flush.seq, flush)
         return await flush.committed.wait()
-
-
-@dataclass(slots=True)
-class _CommitTxn:
-    """A group's commit transaction, and the chunk entries its committing attempt wrote."""
-
-    fn: Callable[[Any], list[list[AppendResult]]]
-    written: list[tuple[bytes, int, ChunkEntry]]
-
-    def __call__(self, tr: Any) -> list[list[AppendResult]]:
-        return self.fn(tr)
 
 
 @dataclass(slots=True)

@@ -63,6 +63,20 @@ class FaultyStore(LocalObjectStore):
         super().put_parts_sync(key, parts, if_absent=if_absent)
 
 
+class FirstUploadHeld:
+    """A store's `before_put` that holds the first upload until `release` is set (10 s
+    at most); `uploading` is set once it is held."""
+
+    def __init__(self) -> None:
+        self.uploading = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, n: int) -> None:
+        if n == 1:
+            self.uploading.set()
+            self.release.wait(10)
+
+
 class Setup:
     def __init__(self, tmp_path: Path) -> None:
         self.kv = SQLiteKV(tmp_path / "meta.db", retry_deadline=1.0, busy_timeout=0.05)
@@ -367,24 +381,17 @@ async def test_with_flush_when_idle_batches_wait_for_the_flush_in_flight_then_go
 ) -> None:
     """Batches that arrive while a flush is uploading go out in one flush as soon as it
     is answered, not each alone."""
-    uploading = threading.Event()
-    release = threading.Event()
-
-    def first_upload_waits(n: int) -> None:
-        if n == 1:
-            uploading.set()
-            release.wait(10)
-
-    setup.store.before_put = first_upload_waits
+    held = FirstUploadHeld()
+    setup.store.before_put = held
     pipeline = setup.pipeline(flush_interval_ms=3_600_000, flush_when_idle=True)
     async with anyio.create_task_group() as tg:
         tg.start_soon(pipeline.run)
         first = pipeline.enqueue(setup.topic.topic_id, 0, *batch(b"first"))
-        assert await anyio.to_thread.run_sync(uploading.wait, 10)
+        assert await anyio.to_thread.run_sync(held.uploading.wait, 10)
         later = [pipeline.enqueue(setup.topic.topic_id, p, *batch(b"b%d" % p)) for p in range(3)]
         await anyio.sleep(0.05)
         assert pipeline.stats.flushes == 0, "the later batches wait for the flush in flight"
-        release.set()
+        held.release.set()
         with anyio.fail_after(30):
             results = [await p.wait() for p in [first, *later]]
         tg.cancel_scope.cancel()
@@ -412,15 +419,8 @@ async def test_a_flush_next_in_order_commits_in_its_upload_thread_and_the_next_w
     in the same worker thread. The two flushes that upload while it waits are committed
     after it, together, by the committer (a metadata worker thread), in order."""
     kv = ThreadsKV(tmp_path / "meta.db")
-    uploading = threading.Event()
-    release = threading.Event()
-
-    def first_upload_waits(n: int) -> None:
-        if n == 1:
-            uploading.set()
-            release.wait(10)
-
-    setup.store.before_put = first_upload_waits
+    held = FirstUploadHeld()
+    setup.store.before_put = held
     pipeline = IngestPipeline(
         kv, SUB, setup.store, setup.cache, Notifier(), flush_interval_ms=1, flush_bytes=1
     )
@@ -429,13 +429,13 @@ async def test_a_flush_next_in_order_commits_in_its_upload_thread_and_the_next_w
         async with anyio.create_task_group() as tg:
             tg.start_soon(pipeline.run)
             first = pipeline.enqueue(topic_id, 0, *batch(b"first"))
-            assert await anyio.to_thread.run_sync(uploading.wait, 10)
+            assert await anyio.to_thread.run_sync(held.uploading.wait, 10)
             later = []
             for value in (b"second", b"third"):
                 later.append(pipeline.enqueue(topic_id, 0, *batch(value)))
                 await anyio.sleep(0.02)  # a flush each, uploaded while the first waits
             assert setup.store.calls == 3 and pipeline.stats.commits == 0
-            release.set()
+            held.release.set()
             with anyio.fail_after(30):
                 results = [await p.wait() for p in [first, *later]]
             tg.cancel_scope.cancel()

@@ -18,7 +18,6 @@ with 2026-12-05-unqueued-own-commit-trial.diff): medians of the agents 68.6, 87.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -71,11 +70,7 @@ def main() -> int:
     for round_ in range(args.rounds):
         shift = round_ % len(trees)
         for label, tree in trees[shift:] + trees[:shift]:
-            line = json.dumps({"round": round_ + 1, **one_agent(label, tree)})
-            print(line, flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(line + "\n")
+            B.print_line({"round": round_ + 1, **one_agent(label, tree)}, args.out)
     return 0
 
 

@@ -27,7 +27,6 @@ CPU per flush 2.10, 2.16 and 1.95 ms against 2.08, 2.11 and 2.06.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -111,11 +110,7 @@ def main() -> int:
     variants = [("a", args.a), ("b", args.b)]
     for pair in range(args.pairs):
         for label, command in variants if pair % 2 == 0 else variants[::-1]:
-            line = json.dumps(one_run(label, command, args.workload))
-            print(line, flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(line + "\n")
+            B.print_line(one_run(label, command, args.workload), args.out)
     return 0
 
 
