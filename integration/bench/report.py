@@ -189,6 +189,7 @@ def main_tables(report: dict[str, Any]) -> list[str]:
             cells.append(", ".join(fmt(r.get(figure)) for r in runs) or "–")
         if any(c != "–" for c in cells):
             lines.append(f"| {workload} | {label} | " + " | ".join(cells) + " |")
+    lines += machine_lines(report)
     lines += ["", "## bucketlog requests", ""]
     for o in others:
         lines += [f"### {o}", "", "| workload | " + " | ".join(COST_FIGURES) + " |"]
@@ -199,6 +200,42 @@ def main_tables(report: dict[str, Any]) -> list[str]:
                 lines.append(f"| {w} | " + " | ".join(fmt(r.get(f)) for f in COST_FIGURES) + " |")
         lines.append("")
     return lines
+
+
+MACHINE_FIGURES = (
+    ("machine_other_cpu_s", "CPU s of every other process"),
+    ("machine_steal_s", "CPU s stolen by the hypervisor"),
+)
+
+
+def machine_lines(report: dict[str, Any]) -> list[str]:
+    """What else the machine did in each run of each workload (reports from before
+    these figures were measured have none, and no such section)."""
+    systems = list(report["systems"])
+    workloads = dict.fromkeys(w for w, _f, _l, _h in ROWS)
+    lines = []
+    for workload in workloads:
+        for figure, label in MACHINE_FIGURES:
+            cells = []
+            for n in systems:
+                runs = report["systems"][n].get(workload, {}).get("runs") or []
+                cells.append(", ".join(fmt(r.get(figure)) for r in runs if figure in r) or "–")
+            if any(c != "–" for c in cells):
+                lines.append(f"| {workload} | {label} | " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    return [
+        "",
+        "## The machine in each run",
+        "",
+        "What ran beside the broker and the clients in each run's window (runs in order):"
+        " other processes' CPU, and time the hypervisor gave other guests while this"
+        " machine had work. A run whose figures stand out with either high was shared.",
+        "",
+        "| workload | figure | " + " | ".join(systems) + " |",
+        "|" + "---|" * (2 + len(systems)),
+        *lines,
+    ]
 
 
 def whole_run_lines(report: dict[str, Any]) -> list[str]:

@@ -126,6 +126,15 @@ def cpu_ticks(pid: int) -> tuple[int, int] | None:
     return int(fields[11]), int(fields[12])
 
 
+def machine_cpu() -> tuple[float, float]:
+    """Seconds the machine's CPUs ran anything (user, nice, system, irq, softirq) and
+    seconds the hypervisor gave to others while this machine had work (steal), since
+    boot, from /proc/stat's first line."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
+
+
 def large_objects(data_dir: Path) -> list[str]:
     """A local store's files over 1 MiB outside its segment folder: compaction's outputs."""
     out = []
@@ -857,12 +866,14 @@ def measure(
     (before_cpu, before_workers), before = tree_cpu_split(system.root_pid), system.counters()
     before_others = {name: tree_cpu_seconds(pid) for name, pid in (others or {}).items()}
     before_clients = client_cpu_seconds()
+    before_busy, before_steal = machine_cpu()
     start = time.monotonic()
     result: dict[str, Any] = fn()
     wall = time.monotonic() - start
     after_cpu, after_workers = tree_cpu_split(system.root_pid)
     cpu, workers = after_cpu - before_cpu, after_workers - before_workers
     clients = client_cpu_seconds() - before_clients
+    after_busy, after_steal = machine_cpu()
     gb = megabytes / 1000
     result["broker_cpu_s"] = round(cpu, 2)
     result["broker_cpu_s_per_gb"] = round(cpu / gb, 1) if gb else None
@@ -878,6 +889,13 @@ def measure(
         result[f"{name}_cpu_s"] = round(used, 2)
         result[f"{name}_cpu_s_per_gb"] = round(used / gb, 1) if gb else None
     result["wall_s"] = round(wall, 2)
+    # What else the machine did meanwhile: the CPU of every process that is neither the
+    # broker, nor a client, nor one of `others` (a run whose figures moved with it was
+    # shared), and the time the hypervisor ran other guests while this one had work.
+    others_cpu = sum(result[f"{name}_cpu_s"] for name in others or {})
+    other = after_busy - before_busy - cpu - clients - others_cpu
+    result["machine_other_cpu_s"] = round(max(other, 0.0), 2)
+    result["machine_steal_s"] = round(after_steal - before_steal, 2)
     if before is not None:
         time.sleep(1.2)
         after = system.counters() or {}
