@@ -230,7 +230,9 @@ def machine_lines(report: dict[str, Any]) -> list[str]:
         "",
         "What ran beside the broker and the clients in each run's window (runs in order):"
         " other processes' CPU, and time the hypervisor gave other guests while this"
-        " machine had work. A run whose figures stand out with either high was shared.",
+        " machine had work. Other processes include the kernel's own threads, which"
+        " write back and journal every process's writes, the broker's too. A run whose"
+        " figures stand out with either high was shared.",
         "",
         "| workload | figure | " + " | ".join(systems) + " |",
         "|" + "---|" * (2 + len(systems)),
