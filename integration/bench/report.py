@@ -183,12 +183,7 @@ def main_tables(report: dict[str, Any]) -> list[str]:
     lines += ["| workload | figure | " + " | ".join(systems) + " |"]
     lines.append("|" + "---|" * (2 + len(systems)))
     for workload, figure, label in SPREAD_ROWS:
-        cells = []
-        for n in systems:
-            runs = report["systems"][n].get(workload, {}).get("runs") or []
-            cells.append(", ".join(fmt(r.get(figure)) for r in runs) or "–")
-        if any(c != "–" for c in cells):
-            lines.append(f"| {workload} | {label} | " + " | ".join(cells) + " |")
+        lines += runs_row(report, workload, figure, label)
     lines += machine_lines(report)
     lines += ["", "## bucketlog requests", ""]
     for o in others:
@@ -208,20 +203,26 @@ MACHINE_FIGURES = (
 )
 
 
+def runs_row(report: dict[str, Any], workload: str, figure: str, label: str) -> list[str]:
+    """A table line with each system's runs of the figure, in run order; none when no
+    run of any system has it (reports from before a figure was measured)."""
+    cells = []
+    for results in report["systems"].values():
+        runs = [r for r in results.get(workload, {}).get("runs") or [] if figure in r]
+        cells.append(", ".join(fmt(r[figure]) for r in runs) or "–")
+    if all(c == "–" for c in cells):
+        return []
+    return [f"| {workload} | {label} | " + " | ".join(cells) + " |"]
+
+
 def machine_lines(report: dict[str, Any]) -> list[str]:
     """What else the machine did in each run of each workload (reports from before
     these figures were measured have none, and no such section)."""
     systems = list(report["systems"])
-    workloads = dict.fromkeys(w for w, _f, _l, _h in ROWS)
     lines = []
-    for workload in workloads:
+    for workload in dict.fromkeys(w for w, _f, _l, _h in ROWS):
         for figure, label in MACHINE_FIGURES:
-            cells = []
-            for n in systems:
-                runs = report["systems"][n].get(workload, {}).get("runs") or []
-                cells.append(", ".join(fmt(r.get(figure)) for r in runs if figure in r) or "–")
-            if any(c != "–" for c in cells):
-                lines.append(f"| {workload} | {label} | " + " | ".join(cells) + " |")
+            lines += runs_row(report, workload, figure, label)
     if not lines:
         return []
     return [

@@ -864,7 +864,8 @@ def measure(
     tree in `others` (name -> root pid, e.g. moto's server), each apart."""
     time.sleep(1.2)  # counters of the previous workload are on disk
     (before_cpu, before_workers), before = tree_cpu_split(system.root_pid), system.counters()
-    before_others = {name: tree_cpu_seconds(pid) for name, pid in (others or {}).items()}
+    named = others or {}
+    before_others = {name: tree_cpu_seconds(pid) for name, pid in named.items()}
     before_clients = client_cpu_seconds()
     before_busy, before_steal = machine_cpu()
     start = time.monotonic()
@@ -873,6 +874,7 @@ def measure(
     after_cpu, after_workers = tree_cpu_split(system.root_pid)
     cpu, workers = after_cpu - before_cpu, after_workers - before_workers
     clients = client_cpu_seconds() - before_clients
+    used = {name: tree_cpu_seconds(pid) - before_others[name] for name, pid in named.items()}
     after_busy, after_steal = machine_cpu()
     gb = megabytes / 1000
     result["broker_cpu_s"] = round(cpu, 2)
@@ -884,16 +886,14 @@ def measure(
     result["broker_cores"] = round(cpu / wall, 2)
     result["client_cpu_s"] = round(clients, 2)
     result["client_cores"] = round(clients / wall, 2)
-    for name, pid in (others or {}).items():
-        used = tree_cpu_seconds(pid) - before_others[name]
-        result[f"{name}_cpu_s"] = round(used, 2)
-        result[f"{name}_cpu_s_per_gb"] = round(used / gb, 1) if gb else None
+    for name, seconds in used.items():
+        result[f"{name}_cpu_s"] = round(seconds, 2)
+        result[f"{name}_cpu_s_per_gb"] = round(seconds / gb, 1) if gb else None
     result["wall_s"] = round(wall, 2)
     # What else the machine did meanwhile: the CPU of every process that is neither the
     # broker, nor a client, nor one of `others` (a run whose figures moved with it was
     # shared), and the time the hypervisor ran other guests while this one had work.
-    others_cpu = sum(result[f"{name}_cpu_s"] for name in others or {})
-    other = after_busy - before_busy - cpu - clients - others_cpu
+    other = after_busy - before_busy - cpu - clients - sum(used.values())
     result["machine_other_cpu_s"] = round(max(other, 0.0), 2)
     result["machine_steal_s"] = round(after_steal - before_steal, 2)
     if before is not None:
