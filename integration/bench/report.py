@@ -238,6 +238,60 @@ def machine_lines(report: dict[str, Any]) -> list[str]:
         "| workload | figure | " + " | ".join(systems) + " |",
         "|" + "---|" * (2 + len(systems)),
         *lines,
+        *with_machine_lines(report),
+    ]
+
+
+def with_machine_cpu_per_gb(run: dict[str, Any]) -> float | None:
+    """The broker's CPU and the machine's other CPU in a run, per GB: what the machine
+    spent but the clients' share. A run without the figures: None. Its GB are the
+    broker's CPU over its CPU per GB (both as rounded in the report, to about 1%)."""
+    cpu, per_gb, other = (
+        run.get("broker_cpu_s"),
+        run.get("broker_cpu_s_per_gb"),
+        run.get("machine_other_cpu_s"),
+    )
+    if not all(isinstance(v, int | float) for v in (cpu, per_gb, other)) or not cpu or not per_gb:
+        return None
+    return (cpu + other) / (cpu / per_gb)
+
+
+def with_machine_lines(report: dict[str, Any]) -> list[str]:
+    """Each system's median over the runs of the broker's CPU with the machine's other
+    CPU, per GB, and bucketlog's ratio to Kafka's."""
+    systems = list(report["systems"])
+    others = [s for s in systems if s != "kafka"]
+    kafka = "kafka" in systems
+    lines = []
+    for workload in dict.fromkeys(w for w, _f, _l, _h in ROWS):
+        medians: dict[str, float | None] = {}
+        for name in systems:
+            runs = report["systems"][name].get(workload, {}).get("runs") or []
+            values = sorted(v for r in runs if (v := with_machine_cpu_per_gb(r)) is not None)
+            medians[name] = values[len(values) // 2] if values else None
+        if all(v is None for v in medians.values()):
+            continue
+        row = f"| {workload} | " + " | ".join(fmt(medians[n]) for n in systems)
+        if kafka:
+            k = medians["kafka"]
+            for o in others:
+                v = medians[o]
+                row += " | " + (f"{v / k:.2f}" if v is not None and k else "–")
+        lines.append(row + " |")
+    if not lines:
+        return []
+    return [
+        "",
+        "The broker's CPU with the other processes' (the kernel's writeback and journal"
+        " among them) in the same windows, per GB: the machine's CPU but the clients'."
+        " Medians of the runs (of an odd number, the middle run's).",
+        "",
+        "| workload | "
+        + " | ".join(systems)
+        + "".join(f" | {o} / kafka" for o in others if kafka)
+        + " |",
+        "|" + "---|" * (1 + len(systems) + (len(others) if kafka else 0)),
+        *lines,
     ]
 
 
