@@ -78,10 +78,13 @@ def stats_path(data_dir: str, port: int) -> str:
     return os.path.join(data_dir, f"stats-{port}.json")
 
 
-def _write(path: str, body: dict[str, Any]) -> None:
+def _write(path: str, text: str) -> None:
+    """In a worker thread: the file's open, write and rename each give up the GIL,
+    and on the event loop each would wait to take it back behind the flushes' commits
+    (1-4 ms at half load, up to 12)."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(body, f)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -94,7 +97,8 @@ async def stats_loop(agent: Agent, path: str, interval: float = INTERVAL_SECONDS
         if counters != last:
             body = {"pid": os.getpid(), "node_id": agent.node_id, "time": time.time(), **counters}
             try:
-                _write(path, body)
+                # dumps, not dump: dump to a file takes the pure-Python encoder
+                await anyio.to_thread.run_sync(_write, path, json.dumps(body))
                 last = counters
             except OSError as exc:  # a full or read-only disk must not stop the agent
                 if not warned:
