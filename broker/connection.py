@@ -369,6 +369,12 @@ class _Connection:
         self.auth = ConnectionAuth(listener, principal)
         self.client = ClientZone()
         self.handlers: set[asyncio.Task[None]] = set()  # of requests not yet handled
+        # A frame's stall (see _receive): one loop timer per frame arriving, not a
+        # cancel scope per read (a 1 MiB frame comes in four reads or more).
+        self._reads = 0  # reads completed
+        self._reading = False  # the reader waits in a read now
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_scope = anyio.CancelScope()
 
     def went_away(self, exc: BaseException) -> None:
         if not self.gone:
@@ -397,11 +403,25 @@ class _Connection:
         except Exception:
             logger.exception("connection from %s failed", self.peer)
         finally:
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
             for task in self.handlers:  # none once every answer went out
                 task.cancel()
             self.memory.release(self.held)
 
     async def reader(self, answers: Channel[_Answer]) -> None:
+        with self._stall_scope:  # cancelled by _check_stall only
+            await self._read(answers)
+        if self._stall_scope.cancelled_caught:
+            refused: Promise[Frame | _Last | None] = Promise()
+            reason = (
+                f"{self.held} bytes of a frame held for {FRAME_STALL_SECONDS:g} s "
+                "without a byte more while others wait for request memory"
+            )
+            refused.fail(_Close(eventlog.MALFORMED_REQUEST, reason))
+            await answers.put(_Answer(b"", refused))
+
+    async def _read(self, answers: Channel[_Answer]) -> None:
         loop = asyncio.get_running_loop()
         previous = Turn.ended_already()
         while True:
@@ -412,15 +432,6 @@ class _Connection:
             except GONE as exc:
                 self.went_away(exc)
                 return
-            if chunk is None:
-                refused: Promise[Frame | _Last | None] = Promise()
-                reason = (
-                    f"{self.held} bytes of a frame held for {FRAME_STALL_SECONDS:g} s "
-                    "without a byte more while others wait for request memory"
-                )
-                refused.fail(_Close(eventlog.MALFORMED_REQUEST, reason))
-                await answers.put(_Answer(b"", refused))
-                return
             self.framing.receive_data(chunk)
             while True:
                 try:
@@ -429,7 +440,7 @@ class _Connection:
                     # The requests before it are answered first, then the connection
                     # closes (the writer logs why): Kafka reads a frame's size only once
                     # the request before it is answered.
-                    refused = Promise()
+                    refused: Promise[Frame | _Last | None] = Promise()
                     refused.fail(_Close(eventlog.MALFORMED_REQUEST, str(exc)))
                     await answers.put(_Answer(b"", refused))
                     return
@@ -460,16 +471,34 @@ class _Connection:
                 self.held = 0  # run_one releases it
                 previous = turn
 
-    async def _receive(self) -> bytes | None:
-        """The next bytes from the client; None when a frame holding request memory got
-        none for FRAME_STALL_SECONDS while other connections wait for memory."""
-        while True:
-            if not self.held:
-                return await self.stream.receive(READ_SIZE)
-            with anyio.move_on_after(FRAME_STALL_SECONDS):
-                return await self.stream.receive(READ_SIZE)
-            if self.memory.contended:
-                return None
+    async def _receive(self) -> bytes:
+        """The next bytes from the client. While a frame holding request memory arrives,
+        a timer checks every FRAME_STALL_SECONDS that it got bytes: one that got none
+        while other connections wait for memory is cut off (the reader's stall scope)."""
+        if self.held and self._stall_timer is None:
+            self._watch_stall(asyncio.get_running_loop())
+        self._reading = True
+        try:
+            chunk = await self.stream.receive(READ_SIZE)
+        finally:
+            self._reading = False
+        self._reads += 1
+        return chunk
+
+    def _watch_stall(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._stall_timer = loop.call_later(
+            FRAME_STALL_SECONDS, self._check_stall, loop, self._reads
+        )
+
+    def _check_stall(self, loop: asyncio.AbstractEventLoop, reads_before: int) -> None:
+        """On the loop, FRAME_STALL_SECONDS after the timer was set."""
+        self._stall_timer = None
+        if not self.held:
+            return  # the frame came whole: the next one sets its own timer
+        if self._reading and self._reads == reads_before and self.memory.contended:
+            self._stall_scope.cancel()  # the reader waits in its read: it stops there
+        else:
+            self._watch_stall(loop)
 
     async def run_one(
         self, frame: bytes, slot: Promise[Frame | _Last | None], after: Turn, turn: Turn
