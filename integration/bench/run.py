@@ -716,6 +716,23 @@ def consumer_perf(
     return {"records": float(f[4]), "mb_s": float(f[8]), "records_s": float(f[9])}
 
 
+def produce_all(
+    producer: Any, topic: str, payload: bytes, records: int, report: Any, deadline: float
+) -> None:
+    """confluent-kafka: hand `records` copies of payload to the producer for partition 0,
+    waiting for room in its queue (not for their acks)."""
+    for _ in range(records):
+        while True:
+            try:
+                producer.produce(topic, payload, partition=0, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+                if time.monotonic() > deadline:
+                    raise RuntimeError("python produce timed out") from None
+        producer.poll(0)
+
+
 def python_workload(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     """confluent-kafka: produce `records` 1 KiB records (acks=all, linger 5 ms), consume them."""
     from confluent_kafka import Consumer, Producer, TopicPartition
@@ -736,17 +753,7 @@ def python_workload(bootstrap: str, topic: str, records: int) -> dict[str, float
             failed[0] += 1
 
     start = time.monotonic()
-    deadline = start + TOOL_TIMEOUT
-    for _ in range(records):
-        while True:
-            try:
-                producer.produce(topic, payload, partition=0, on_delivery=report)
-                break
-            except BufferError:
-                producer.poll(0.01)
-                if time.monotonic() > deadline:
-                    raise RuntimeError("python produce timed out") from None
-        producer.poll(0)
+    produce_all(producer, topic, payload, records, report, start + TOOL_TIMEOUT)
     if producer.flush(TOOL_TIMEOUT) != 0 or failed[0]:
         raise RuntimeError(f"python produce: {failed[0]} failed")
     produce_s = time.monotonic() - start

@@ -95,14 +95,7 @@ def one_run(system: run.System, topic: str) -> list[dict]:
 
     producer.list_topics(timeout=30)  # connected before the clock starts
     before = Snapshot(system)
-    for _ in range(RECORDS):
-        while True:
-            try:
-                producer.produce(topic, payload, partition=0, on_delivery=report)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        producer.poll(0)
+    run.produce_all(producer, topic, payload, RECORDS, report, time.monotonic() + 120)
     if producer.flush(120) != 0 or failed[0]:
         raise RuntimeError(f"produce: {failed[0]} failed")
     produced = Snapshot(system)
