@@ -476,7 +476,7 @@ class _Connection:
         a timer checks every FRAME_STALL_SECONDS that it got bytes: one that got none
         while other connections wait for memory is cut off (the reader's stall scope)."""
         if self.held and self._stall_timer is None:
-            self._watch_stall(asyncio.get_running_loop())
+            self._watch_stall()
         self._reading = True
         try:
             chunk = await self.stream.receive(READ_SIZE)
@@ -485,12 +485,12 @@ class _Connection:
         self._reads += 1
         return chunk
 
-    def _watch_stall(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._stall_timer = loop.call_later(
-            FRAME_STALL_SECONDS, self._check_stall, loop, self._reads
+    def _watch_stall(self) -> None:
+        self._stall_timer = asyncio.get_running_loop().call_later(
+            FRAME_STALL_SECONDS, self._check_stall, self._reads
         )
 
-    def _check_stall(self, loop: asyncio.AbstractEventLoop, reads_before: int) -> None:
+    def _check_stall(self, reads_before: int) -> None:
         """On the loop, FRAME_STALL_SECONDS after the timer was set."""
         self._stall_timer = None
         if not self.held:
@@ -498,7 +498,7 @@ class _Connection:
         if self._reading and self._reads == reads_before and self.memory.contended:
             self._stall_scope.cancel()  # the reader waits in its read: it stops there
         else:
-            self._watch_stall(loop)
+            self._watch_stall()
 
     async def run_one(
         self, frame: bytes, slot: Promise[Frame | _Last | None], after: Turn, turn: Turn
