@@ -6,6 +6,7 @@ Usage: integration/bench/report.py results/<date>.json > results/<date>.md
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -158,9 +159,7 @@ def main_tables(report: dict[str, Any]) -> list[str]:
     kafka = report["systems"].get("kafka", {})
     others = [s for s in systems if s != "kafka"]
     lines = []
-    header = "| workload | figure | " + " | ".join(systems)
-    header += "".join(f" | {o} / kafka" for o in others if kafka) + " |"
-    lines += [header, "|" + "---|" * (2 + len(systems) + (len(others) if kafka else 0))]
+    lines += ratio_header(["workload", "figure"], systems, others if kafka else [])
     for workload, figure, label, _higher in ROWS:
         values = [report["systems"][n].get(workload, {}).get(figure) for n in systems]
         if all(v is None for v in values):
@@ -242,10 +241,20 @@ def machine_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def ratio_header(first: list[str], systems: list[str], others: list[str]) -> list[str]:
+    """A table's header and rule: the first columns, one per system, and one per system
+    in `others` for its ratio to Kafka."""
+    names = [*first, *systems, *(f"{o} / kafka" for o in others)]
+    return ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+
+
 def with_machine_cpu_per_gb(run: dict[str, Any]) -> float | None:
     """The broker's CPU and the machine's other CPU in a run, per GB: what the machine
-    spent but the clients' share. A run without the figures: None. Its GB are the
-    broker's CPU over its CPU per GB (both as rounded in the report, to about 1%)."""
+    spent but the clients' share. A run without the figures: None. Runs measured before
+    run.py recorded it get their GB as the broker's CPU over its CPU per GB (both as
+    rounded in the report, to about 1%)."""
+    if isinstance(exact := run.get("with_machine_cpu_s_per_gb"), int | float):
+        return exact
     cpu, per_gb, other = (
         run.get("broker_cpu_s"),
         run.get("broker_cpu_s_per_gb"),
@@ -267,8 +276,8 @@ def with_machine_lines(report: dict[str, Any]) -> list[str]:
         medians: dict[str, float | None] = {}
         for name in systems:
             runs = report["systems"][name].get(workload, {}).get("runs") or []
-            values = sorted(v for r in runs if (v := with_machine_cpu_per_gb(r)) is not None)
-            medians[name] = values[len(values) // 2] if values else None
+            values = [v for r in runs if (v := with_machine_cpu_per_gb(r)) is not None]
+            medians[name] = statistics.median(values) if values else None
         if all(v is None for v in medians.values()):
             continue
         row = f"| {workload} | " + " | ".join(fmt(medians[n]) for n in systems)
@@ -286,11 +295,7 @@ def with_machine_lines(report: dict[str, Any]) -> list[str]:
         " among them) in the same windows, per GB: the machine's CPU but the clients'."
         " Medians of the runs (of an odd number, the middle run's).",
         "",
-        "| workload | "
-        + " | ".join(systems)
-        + "".join(f" | {o} / kafka" for o in others if kafka)
-        + " |",
-        "|" + "---|" * (1 + len(systems) + (len(others) if kafka else 0)),
+        *ratio_header(["workload"], systems, others if kafka else []),
         *lines,
     ]
 

@@ -119,8 +119,14 @@ def tree_cpu_seconds(root: int) -> float:
 
 def cpu_ticks(pid: int) -> tuple[int, int] | None:
     """User and system CPU of one process in clock ticks (utime, stime); None: gone."""
+    return stat_ticks(f"/proc/{pid}/stat")
+
+
+def stat_ticks(path: str) -> tuple[int, int] | None:
+    """utime and stime in clock ticks from a /proc stat file (a process's or, under
+    /proc/PID/task, one thread's); None: the process or thread is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return int(fields[11]), int(fields[12])
@@ -902,6 +908,8 @@ def measure(
     # shared), and the time the hypervisor ran other guests while this one had work.
     other = after_busy - before_busy - cpu - clients - sum(used.values())
     result["machine_other_cpu_s"] = round(max(other, 0.0), 2)
+    # The broker's CPU and that other CPU per GB: what the machine spent but the clients'.
+    result["with_machine_cpu_s_per_gb"] = round((cpu + max(other, 0.0)) / gb, 2) if gb else None
     result["machine_steal_s"] = round(after_steal - before_steal, 2)
     if before is not None:
         time.sleep(1.2)

@@ -33,11 +33,8 @@ SIZE = run.RECORD_SIZE
 
 def loop_thread_cpu(pid: int) -> float:
     """CPU s of the process's first thread (bucketlog's event loop)."""
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / run.CLK_TCK
+    ticks = run.stat_ticks(f"/proc/{pid}/task/{pid}/stat")
+    return sum(ticks) / run.CLK_TCK if ticks else 0.0
 
 
 def own_cpu() -> float:

@@ -77,11 +77,9 @@ if os.environ.get("FLUSH_CPU_SIGNAL"):
 def thread_cpu(pid: int) -> dict[int, float]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / run.CLK_TCK
+        ticks = run.stat_ticks(f"/proc/{pid}/task/{tid}/stat")
+        if ticks is not None:
+            out[int(tid)] = sum(ticks) / run.CLK_TCK
     return out
 
 
