@@ -553,6 +553,21 @@ def admin_ready(bootstrap: str) -> None:
     raise RuntimeError(f"{bootstrap} never answered Metadata")
 
 
+@contextlib.contextmanager
+def side_by_side() -> Iterator[list[System]]:
+    """Kafka and one bucketlog agent, both running for the block, for measurements that
+    take turns between them; each stopped at the end."""
+    started: list[System] = []
+    try:
+        for system in (Kafka(), Bucketlog(1)):
+            system.start()
+            started.append(system)
+        yield started
+    finally:
+        for system in started:
+            system.stop()
+
+
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 

@@ -124,10 +124,7 @@ def one_run(system: run.System, topic: str) -> list[dict]:
 
 def main() -> int:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    systems: list[run.System] = [run.Kafka(), run.Bucketlog(1)]
-    for s in systems:
-        s.start()
-    try:
+    with run.side_by_side() as systems:
         for w in range(WARM):
             for s in systems:
                 one_run(s, f"warm-{s.name}-{w}")
@@ -138,9 +135,6 @@ def main() -> int:
                     line["run"] = i
                     print(json.dumps(line), flush=True)
                 time.sleep(5)
-    finally:
-        for s in systems:
-            s.stop()
     return 0
 
 
