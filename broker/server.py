@@ -56,17 +56,17 @@ async def _serve(config: BrokerConfig, signals: AsyncIterator[int], ready: Any) 
                     " no Ripcord snapshot: the agent cannot start"
                 ) from None
             agent.start_from_snapshot(snapshot)
-        sockets = [
-            await _listen(listener.host or None, listener.port, str(listener))
-            for listener in config.bound_listeners
-        ]
-        # Bound before anything is served: a metrics port in use stops the start, rather
-        # than an agent that looks ready and has no /healthz.
+        # The metrics port first: one in use stops the start before any Kafka port
+        # listens, so an agent whose Kafka port answers has its /healthz too.
         http = (
             await _listen(config.host, config.metrics_port, "the metrics port")
             if config.metrics_port
             else None
         )
+        sockets = [
+            await _listen(listener.host or None, listener.port, str(listener))
+            for listener in config.bound_listeners
+        ]
         logger.info(
             "bucketlog agent %d listening on %s (cluster %s, metadata %s, storage %s)",
             agent.node_id,

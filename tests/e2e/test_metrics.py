@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.records import build_batch
 from tests.e2e.rawclient import ensure_topic, fetch_raw, produce_batch
-from tests.support.brokerproc import free_ports
+from tests.support.brokerproc import free_ports, listening
 
 pytestmark = [pytest.mark.slow, pytest.mark.store_independent]
 
@@ -166,22 +166,30 @@ def test_readiness_follows_the_metadata_store(start_broker, tmp_path) -> None:
 
 
 def test_a_metrics_port_in_use_stops_the_start(tmp_path) -> None:
-    """The metrics port is bound beside the Kafka listeners, before the agent says it
-    listens: a port in use is a failed start, not an agent without /healthz."""
+    """The metrics port is bound before the Kafka listeners: a port in use is a failed
+    start, not an agent without /healthz, and its Kafka port never answers meanwhile
+    (a client, or a test, that sees the Kafka port would take the agent for started)."""
     kafka_port, metrics_port = free_ports(2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", metrics_port))
         taken.listen()
-        result = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path),
              "--host", "127.0.0.1", "--port", str(kafka_port),
              "--metrics-port", str(metrics_port)],
-            capture_output=True, text=True, timeout=60,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-    assert result.returncode != 0
-    assert f"cannot listen on the metrics port: {os.strerror(errno.EADDRINUSE)}" in result.stderr
-    assert "listening on" not in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+        kafka_port_answered = False
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            kafka_port_answered = kafka_port_answered or listening(kafka_port)
+            time.sleep(0.05)
+        _out, stderr = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert not kafka_port_answered
+    assert f"cannot listen on the metrics port: {os.strerror(errno.EADDRINUSE)}" in stderr
+    assert "listening on" not in stderr, stderr
+    assert "Traceback" not in stderr
 
 
 def test_the_startup_heap_is_frozen_and_full_collections_are_reported(start_broker) -> None:
