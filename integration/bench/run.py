@@ -173,17 +173,23 @@ def tree_cpu_split(root: int) -> tuple[float, float]:
     total = workers = 0
     for pid in proc_tree(root):
         ticks = cpu_ticks(pid)
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if ticks is None:
+        worker = is_worker(pid)
+        if ticks is None or worker is None:
             continue
         used = sum(ticks)
         total += used
-        if b"multiprocessing" in cmdline:
+        if worker:
             workers += used
     return total / CLK_TCK, workers / CLK_TCK
+
+
+def is_worker(pid: int) -> bool | None:
+    """Whether the process is a multiprocessing child (a bucketlog agent's compaction
+    worker); None: it is gone."""
+    try:
+        return b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def tree_cpu_user_system(root: int) -> tuple[float, float]:
@@ -921,10 +927,10 @@ def measure(
     # What else the machine did meanwhile: the CPU of every process that is neither the
     # broker, nor a client, nor one of `others` (a run whose figures moved with it was
     # shared), and the time the hypervisor ran other guests while this one had work.
-    other = after_busy - before_busy - cpu - clients - sum(used.values())
-    result["machine_other_cpu_s"] = round(max(other, 0.0), 2)
+    other = max(after_busy - before_busy - cpu - clients - sum(used.values()), 0.0)
+    result["machine_other_cpu_s"] = round(other, 2)
     # The broker's CPU and that other CPU per GB: what the machine spent but the clients'.
-    result["with_machine_cpu_s_per_gb"] = round((cpu + max(other, 0.0)) / gb, 2) if gb else None
+    result["with_machine_cpu_s_per_gb"] = round((cpu + other) / gb, 2) if gb else None
     result["machine_steal_s"] = round(after_steal - before_steal, 2)
     if before is not None:
         time.sleep(1.2)

@@ -177,13 +177,15 @@ def test_a_metrics_port_in_use_stops_the_start(tmp_path) -> None:
             [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path),
              "--host", "127.0.0.1", "--port", str(kafka_port),
              "--metrics-port", str(metrics_port)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         kafka_port_answered = False
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             kafka_port_answered = kafka_port_answered or listening(kafka_port)
             time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()  # still running after a minute: the assertions below say so
         _out, stderr = proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert not kafka_port_answered

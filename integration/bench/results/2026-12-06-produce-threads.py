@@ -49,11 +49,8 @@ RECORDS = 300_000
 SETTLE_S = 2.0  # between a topic's creation and the window
 # The row: ROW=PARTITIONSp-PRODUCERSx-COMPRESSION as in the main table (default 64p-1x-none).
 ROW = os.environ.get("ROW", "64p-1x-none")
-PARTITIONS, PRODUCERS, COMPRESSION = (
-    int(ROW.split("-")[0][:-1]),
-    int(ROW.split("-")[1][:-1]),
-    ROW.split("-")[2],
-)
+_partitions, _producers, COMPRESSION = ROW.split("-")
+PARTITIONS, PRODUCERS = int(_partitions.removesuffix("p")), int(_producers.removesuffix("x"))
 PY_SPY = os.environ.get("PY_SPY", "py-spy")
 # With AFTER_ROWS=1 each system first runs the main table's rows before this one.
 AFTER_ROWS = os.environ.get("AFTER_ROWS") == "1"
@@ -84,20 +81,19 @@ def threads(system: run.System) -> dict[str, float]:
     def add(group: str, seconds: float) -> None:
         out[group] = out.get(group, 0.0) + seconds
 
+    is_kafka = system.name == "kafka"
     for pid in run.proc_tree(system.root_pid):
-        whole = run.cpu_ticks(pid)
-        if whole is None:
+        whole, worker = run.cpu_ticks(pid), run.is_worker(pid)
+        if whole is None or worker is None:
+            continue
+        if worker:
+            add("compaction's workers", sum(whole) / run.CLK_TCK)
             continue
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
         live = 0.0
-        is_kafka = system.name == "kafka"
-        if not is_kafka and b"multiprocessing" in cmdline:
-            add("compaction's workers", sum(whole) / run.CLK_TCK)
-            continue
         for tid in tids:
             ticks = run.stat_ticks(f"/proc/{pid}/task/{tid}/stat")
             if ticks is None:
