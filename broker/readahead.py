@@ -200,10 +200,16 @@ class ReadAhead:
             "failures": 0,
             "streams_opened": 0,
             "streamed_ranges": 0,
-            # Of the ranges and objects read: those of ingest files and level-1 objects
-            # (the rest are level 2's, or of objects without a level).
+            # Of the ranges and objects read: those of ingest files, of level-1 objects and
+            # (each a GET of its own, not read on from a stream) of level-2 objects; the
+            # rest are of objects without a level, or read through streams.
             "level0_reads": 0,
             "level1_reads": 0,
+            "level2_reads": 0,
+            # The bytes read ahead from each level (streamed ranges included).
+            "level0_bytes": 0,
+            "level1_bytes": 0,
+            "level2_bytes": 0,
         }
 
     def note_fetch(
@@ -480,8 +486,10 @@ class ReadAhead:
         self.stats["bytes"] += len(data)
         record = records.get(piece.object_key)
         level = None if record is None else record.level
-        if level == 0 or level == 1:
-            self.stats[f"level{level}_reads"] += 1
+        if level in (0, 1, L2):
+            self.stats[f"level{level}_bytes"] += len(data)
+            if piece.stream_end is None:
+                self.stats[f"level{level}_reads"] += 1
 
     def in_flight(self, object_key: str, start: int, end: int) -> Flag | None:
         """The event of a read-ahead GET under way that brings bytes [start, end) of the

@@ -403,6 +403,27 @@ def requests_summary(report: dict[str, Any]) -> str:
     return text
 
 
+def read_levels(read: dict[str, Any]) -> str:
+    """The GETs of a read by the level of the objects they read, with the bytes read
+    ahead from each level (reports made before the agent counted those bytes: "")."""
+    path = read.get("read_path", {})
+    if "read_ahead.level2_bytes" not in path:
+        return ""
+    parts = []
+    for level in (2, 1, 0):
+        gets = path.get(f"read_ahead.level{level}_reads", 0)
+        if level == 2:  # a stream's GET and the ranges read on from it count once
+            gets += path.get("read_ahead.streams_opened", 0)
+        mb = path.get(f"read_ahead.level{level}_bytes", 0) / MB
+        per_gb = f"{gets / (mb / 1000):.0f} per GB" if mb else "-"
+        parts.append(f"level {level} {gets} for {mb:.0f} MB ({per_gb})")
+    return (
+        "GETs of the catch-up read by the level of what they read (read-ahead's, with the"
+        f" bytes it read from each): {', '.join(parts)}; the Fetches' own"
+        f" {path.get('reader.gets', 0)}."
+    )
+
+
 def _store_name(store: str, data_fs: str | None = None) -> str:
     if store == "s3":
         return "moto's S3 server on 127.0.0.1"
@@ -496,6 +517,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r['gets']} | {r['gets_per_gb']} | {r.get('read_gets', '-')} | "
             f"{r.get('read_gets_per_gb', '-')} | {r['broker_cpu_s_per_gb']} |"
         )
+    levels = read_levels(report["catch_up"])
+    if levels:
+        lines += ["", levels]
     last = report["samples"][-1]
     lines += ["", steady_summary(report), "", requests_summary(report), ""]
     lines += [

@@ -147,6 +147,8 @@ async def test_a_partitions_range_of_a_large_object_of_many_is_one_plain_get(
         assert ahead.stats["ranges"] == 1 and ahead.stats["objects"] == 0
         assert ahead.stats["bytes"] == MiB
         assert ahead.stats["level1_reads"] == 1 and ahead.stats["level0_reads"] == 0
+        assert ahead.stats["level1_bytes"] == MiB
+        assert ahead.stats["level0_bytes"] == ahead.stats["level2_bytes"] == 0
         assert ahead.stats["streams_opened"] == 0 and not ahead._streams
         assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
     finally:
@@ -198,7 +200,15 @@ async def test_a_partitions_run_in_a_level_two_object_of_several_is_one_stream_t
         assert gets(store) - before == 1
         assert ahead.stats["streams_opened"] == 1 and not ahead._streams  # read to its end
         assert ahead.stats["level0_reads"] == ahead.stats["level1_reads"] == 0
+        # Its GET is the stream's, not a read of its own; its bytes are level 2's.
+        assert ahead.stats["level2_reads"] == 0 and ahead.stats["level2_bytes"] == MiB
+        assert ahead.stats["level0_bytes"] == ahead.stats["level1_bytes"] == 0
         assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
+        # From a store without streams, another partition's run is a plain GET of its own.
+        ahead._open_stream = None
+        await ahead._read_stretch((topic, 3), 0, None)
+        assert gets(store) - before == 2 and opened == [("big", 2 * MiB, 3 * MiB)]
+        assert ahead.stats["level2_reads"] == 1 and ahead.stats["level2_bytes"] == 2 * MiB
     finally:
         await ahead.aclose()
         kv.close()
@@ -301,6 +311,7 @@ async def test_small_objects_of_a_stretch_are_read_by_one_worker_thread_in_a_row
         assert handed == [readahead.BATCH_PIECES, 2]
         assert gets(store) - before == len(bodies)
         assert ahead.stats["objects"] == len(bodies) and ahead.stats["level0_reads"] == len(bodies)
+        assert ahead.stats["level0_bytes"] == sum(len(b) for b in bodies)
         for i, body in enumerate(bodies):
             assert bytes(ahead._cache.slice(f"small-{i}", 0, len(body)) or b"") == body
         assert not ahead._reading
