@@ -108,9 +108,10 @@ class Plan:
     level: int  # the output's level
     entries: tuple[JobEntry, ...]
     queued: tuple[tuple[int, str], ...] = ()  # (created_ms, key) of level-0 inputs
-    # Of a level-2 job, per partition it claimed: (topic id, partition, when the level-1
-    # object holding its run's last entry was written). What the run leaves in level 1
-    # came in that object or (nearly always) after it.
+    # Of a level-2 job, per partition it claimed: (topic id, partition, when what its
+    # run leaves in level 1 came there at the earliest): the plan's time, or, when a
+    # limit cut the run, when the level-1 object holding its last entry was written
+    # (what is left came in that object or, nearly always, after it).
     level_one_rows: tuple[tuple[bytes, int, int], ...] = ()
 
     @property
@@ -406,6 +407,9 @@ class _Run:
     entries: list[ChunkEntry]
     ended: bool  # an entry after it ends it (False: a later one may extend it)
     last_created_ms: int  # when the object holding its last entry was written
+    # A limit or a gap in the offsets ended it while level-1 entries went on (False: it
+    # holds all of the partition's level 1 up to a level-0 entry, or up to its end).
+    cut: bool = False
 
 
 def _level_one_run(
@@ -445,7 +449,7 @@ def _level_one_run(
                 or (key not in objects and len(objects) == limits.l2_max_inputs)
                 or (max_span_ms is not None and span > max_span_ms)
             ):
-                return _run(run, True, records)
+                return _run(run, True, records, cut=True)
         else:
             lowest_ts = highest_ts = entry.max_timestamp
         run.append(entry)
@@ -475,9 +479,15 @@ def _with_records(
         yield from ahead
 
 
-def _run(run: list[ChunkEntry], ended: bool, records: Mapping[str, ObjectRecord | None]) -> _Run:
+def _run(
+    run: list[ChunkEntry],
+    ended: bool,
+    records: Mapping[str, ObjectRecord | None],
+    *,
+    cut: bool = False,
+) -> _Run:
     last = records.get(run[-1].object_key) if run else None
-    return _Run(run, ended, 0 if last is None else last.created_ms)
+    return _Run(run, ended, 0 if last is None else last.created_ms, cut)
 
 
 def plan_l2(
@@ -589,7 +599,12 @@ def _plan_l2_in(
             )
             claims.append((key, claimed.pack()))
             entries += (JobEntry(member_topic, member_partition, e) for e in member_run.entries)
-            claimed_rows.append((member_topic, member_partition, member_run.last_created_ms))
+            # What the run leaves came to level 1 after this plan, unless a limit cut it:
+            # then after the object of its last entry was written (a promoted ingest
+            # file's writing is long before it came to level 1, so that time alone would
+            # make what is left due at once, and the next run a few seconds long).
+            arrived = member_run.last_created_ms if member_run.cut else now_ms
+            claimed_rows.append((member_topic, member_partition, arrived))
         tr.set_many(claims)
         return Plan(L2, tuple(entries), level_one_rows=tuple(claimed_rows))
     return None
@@ -871,7 +886,7 @@ def release(tr: Transaction, sub: keys.Subspace, plan: Plan, node_id: int) -> No
     """Give up the plan's claims (a job that failed or was dropped): its inputs may be
     planned again at once."""
     l0_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key in plan.queued]
-    l1_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _created_ms in plan.level_one_rows]
+    l1_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _arrived_ms in plan.level_one_rows]
     found = tr.get_many(l0_keys + l1_keys)
     writes = []
     for row_key, raw in zip(l0_keys, found[: len(l0_keys)], strict=True):
@@ -1011,9 +1026,9 @@ def _took_level_one(
     and write)."""
     runs = {(c.topic_id, c.partition): c.entries for c in prepared.checks}
     claimed = prepared.plan.level_one_rows
-    row_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _created_ms in claimed]
+    row_keys = [sub.key(keys.L1_PARTITION, t, p) for t, p, _arrived_ms in claimed]
     writes, clears = [], []
-    for (topic_id, partition, last_created_ms), row_key, raw in zip(
+    for (topic_id, partition, arrived_ms), row_key, raw in zip(
         claimed, row_keys, tr.get_many(row_keys), strict=True
     ):
         if raw is None:
@@ -1027,8 +1042,8 @@ def _took_level_one(
         first, oldest = old.first_offset, old.oldest_ms
         if first >= entries[0].base_offset:  # no level-1 entries before the run came
             first = entries[-1].last_offset + 1
-            # What is left came in the run's last object or after it.
-            oldest = max(oldest, last_created_ms)
+            # What is left came to level 1 at arrived_ms or after (Plan.level_one_rows).
+            oldest = max(oldest, arrived_ms)
         row = _L1Row(  # unclaimed
             old.size - sum(e.length for e in entries),
             old.objects - len({e.object_key for e in entries}),

@@ -667,6 +667,32 @@ def test_after_a_job_takes_the_head_what_is_left_waits_from_its_own_arrival(kv):
     assert _l1_rows(kv) == {}
 
 
+def test_what_a_job_leaves_of_promoted_files_waits_from_the_plan_not_their_writing(kv):
+    """A promoted ingest file keeps the time it was written, long before it came to level
+    1. What a level-2 job that took all of a partition's level 1 leaves (files promoted
+    while it ran) waits from the plan, so that the next run gathers a whole wait's data
+    instead of being due at once with what a few seconds brought."""
+    topic = _topic(kv, partitions=1)
+    wait = 30_000
+    for key, ts in (("a", 10), ("b", 20)):
+        _append(kv, topic, key, {0: [(1, ts)]}, length=300)  # written at 1
+    assert _plan_l1(kv, now=NOW, promote_bytes=250) is None  # both promoted, no job
+    assert _l1_rows(kv)[0][5] == NOW
+    planned = NOW + wait
+    plan = _plan_l2(kv, now=planned, wait=wait)
+    assert plan is not None and plan.input_keys == ["a", "b"]
+    assert plan.level_one_rows == ((topic.topic_id, 0, planned),)
+    # While the job runs, two more files (written at 1 too) come to level 1.
+    for key, ts in (("c", 30), ("d", 40)):
+        _append(kv, topic, key, {0: [(1, ts)]}, length=300)
+    assert _plan_l1(kv, now=planned + 1_000, promote_bytes=250) is None
+    assert _commit(kv, plan, "z", now=planned + 2_000).committed
+    assert _l1_rows(kv) == {0: (600, 2, 2, -1, 0, planned)}
+    assert _plan_l2(kv, now=planned + wait - 1, wait=wait) is None
+    later = _plan_l2(kv, now=planned + wait, wait=wait)
+    assert later is not None and later.input_keys == ["c", "d"]
+
+
 def test_forty_level_one_objects_make_one_level_two_job_not_one_of_32(kv):
     topic = _level_one_objects(kv, 40)
     # 40 objects are not 256, and level 1's cap of 32 inputs does not start level 2.
