@@ -22,6 +22,7 @@ its data dir once a second (see broker/stats.py).
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import contextlib
 import datetime
@@ -221,13 +222,16 @@ def kafka_class(main_class: str, heap: str = "-Xmx512m") -> list[str]:
     """A java command line for one Kafka class (what integration/bin/kafka-run-class runs).
 
     The jars are copied once per benchmark run, so a concurrent refresh of
-    integration/.cache/jars cannot pull them away mid-run.
+    integration/.cache/jars cannot pull them away mid-run; the copy (about 55 MB) is
+    removed when the run's process exits.
     """
     if not _JARS:
         source = INTEGRATION / ".cache" / "jars" / "kafka"
         if not source.is_dir():
             subprocess.run([str(INTEGRATION / "fetch-jars.sh"), "kafka"], check=True, timeout=900)
-        copy = Path(tempfile.mkdtemp(prefix="bench-jars-")) / "kafka"
+        folder = tempfile.mkdtemp(prefix="bench-jars-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        copy = Path(folder) / "kafka"
         shutil.copytree(source, copy)
         _JARS.append(copy)
     return [
