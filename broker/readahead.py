@@ -79,10 +79,10 @@ from broker.costs import charge
 from broker.sync import Flag
 from metadata import keys
 from metadata.chunk_cache import ChunkCache, read_chunks_cached
-from metadata.compaction import L2
+from metadata.compaction import L1, L2
 from metadata.kv import KV, ReadTransaction
 from metadata.lifecycle import ObjectRecord, get_object
-from metadata.log import ChunkEntry, partition_end_in_object
+from metadata.log import INGEST_LEVEL, ChunkEntry, partition_end_in_object
 from storage.cache import ObjectCache
 from storage.objectstore import ObjectStore, ObjectStoreError, RangeStream
 from storage.threads import ThreadPool
@@ -486,7 +486,7 @@ class ReadAhead:
         self.stats["bytes"] += len(data)
         record = records.get(piece.object_key)
         level = None if record is None else record.level
-        if level in (0, 1, L2):
+        if level in (INGEST_LEVEL, L1, L2):
             self.stats[f"level{level}_bytes"] += len(data)
             if piece.stream_end is None:
                 self.stats[f"level{level}_reads"] += 1

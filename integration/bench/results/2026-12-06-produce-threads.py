@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import run  # noqa: E402  (integration/bench/run.py)
 
 RECORDS = 300_000
+GB = RECORDS * run.RECORD_SIZE / 1e9  # of a run: the producers share the records
 SETTLE_S = 2.0  # between a topic's creation and the window
 # The row: ROW=PARTITIONSp-PRODUCERSx-COMPRESSION as in the main table (default 64p-1x-none).
 ROW = os.environ.get("ROW", "64p-1x-none")
@@ -144,14 +145,13 @@ def one_run(system: run.System, topic: str) -> dict:
         }
     window = diff(during, before)
     broker = sum(window.values())
-    gb = RECORDS * run.RECORD_SIZE / 1e9  # the producers share the records
     return {
         "system": system.name,
         "row": ROW,
         "mb_s": perf["mb_s"],
         "wall_s": round(wall, 2),
         "broker_cpu_s": round(broker, 2),
-        "broker_cpu_s_per_gb": round(broker / gb, 2),
+        "broker_cpu_s_per_gb": round(broker / GB, 2),
         "threads_cpu_s": window,
         "after_cpu_s": round(sum(diff(after, during).values()), 2),
         "machine_other_cpu_s": round(busy_during - busy_before - broker - tool, 2),
@@ -244,14 +244,13 @@ def table(paths: list[str]) -> None:
                 systems.setdefault(found["system"], []).append(found)
         for system, runs in systems.items():
             row = runs[0]["row"]
-            gb = RECORDS * run.RECORD_SIZE / 1e9
             groups = sorted({g for r in runs for g in r["threads_cpu_s"]})
             split = ", ".join(
-                f"{g} {statistics.median(r['threads_cpu_s'].get(g, 0.0) for r in runs) / gb:.2f}"
+                f"{g} {statistics.median(r['threads_cpu_s'].get(g, 0.0) for r in runs) / GB:.2f}"
                 for g in groups
             )
             mb_s = statistics.median(r["mb_s"] for r in runs)
-            per_gb = statistics.median(r["broker_cpu_s"] for r in runs) / gb
+            per_gb = statistics.median(r["broker_cpu_s"] for r in runs) / GB
             print(
                 f"| {Path(path).name} | {row} | {system} | {len(runs)} | {mb_s:.1f} "
                 f"| {per_gb:.2f} | {split} |"
