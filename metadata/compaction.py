@@ -110,7 +110,7 @@ class Plan:
     queued: tuple[tuple[int, str], ...] = ()  # (created_ms, key) of level-0 inputs
     # Of a level-2 job, per partition it claimed: (topic id, partition, when what its
     # run leaves in level 1 came there at the earliest): the plan's time, or, when a
-    # limit cut the run, when the level-1 object holding its last entry was written
+    # limit cut the run, when the level-1 object holding its last entry came to level 1
     # (what is left came in that object or, nearly always, after it).
     level_one_rows: tuple[tuple[bytes, int, int], ...] = ()
 
@@ -297,11 +297,11 @@ def claim_l1(
 
 def promote_l1(tr: Transaction, sub: keys.Subspace, selection: L1Selection, now_ms: int) -> int:
     """Move the selection's promoted objects from level 0 to level 1 as they are: each
-    leaves the queue, its record says level 1, and its partitions' level-1 rows grow by
-    its entries, as a level-1 job's commit would have made them with a copy. Only objects
-    still queued, unclaimed and alive are moved (another agent may have planned one, or
-    retention taken it whole, since the selection read them); their entries, and so every
-    reader's view of the logs, stay as they are. The objects moved."""
+    leaves the queue, its record says level 1 since now_ms, and its partitions' level-1
+    rows grow by its entries, as a level-1 job's commit would have made them with a copy.
+    Only objects still queued, unclaimed and alive are moved (another agent may have
+    planned one, or retention taken it whole, since the selection read them); their
+    entries, and so every reader's view of the logs, stay as they are. The objects moved."""
     if not selection.promoted:
         return 0
     row_keys = [sub.key(keys.L0_OBJECT, created, key) for created, key, _ in selection.promoted]
@@ -331,7 +331,9 @@ def promote_l1(tr: Transaction, sub: keys.Subspace, selection: L1Selection, now_
     _add_level_one(tr, sub, grown, now_ms)
     tr.clear_many([row_key for row_key, _key, _record, _found in moved])
     for _row_key, key, record, _found in moved:
-        put_object(tr, sub, key, replace(record, level=L1))
+        # Its time becomes now, as a level-1 job's output's is its commit's: a level-1
+        # record's time says when the object came to level 1, which level 2 waits from.
+        put_object(tr, sub, key, replace(record, level=L1, created_ms=now_ms))
     return len(moved)
 
 
@@ -357,8 +359,9 @@ class _L1Row:
 
     `oldest_ms`: when the oldest of it arrived in level 1. Set when the row is created,
     kept while the row grows, and moved on (never back) when a job or a plan takes the
-    head of the row: to when the level-1 object holding the run's last entry was written
-    (what is left came in that object or after it). Rows written before this field have
+    head of the row: to when the level-1 object holding the run's last entry came to
+    level 1, or, when the run took all of the row's level 1, to the plan's time (what is
+    left came in that object or after it). Rows written before this field have
     five fields and read as 0: their partitions are due for level 2 at once rather than
     never, since a partition that gets no more level-1 data never has its row written
     again to start a wait, and its data has waited since before the upgrade anyway.
@@ -406,7 +409,7 @@ class _Run:
 
     entries: list[ChunkEntry]
     ended: bool  # an entry after it ends it (False: a later one may extend it)
-    last_created_ms: int  # when the object holding its last entry was written
+    last_created_ms: int  # when the object holding its last entry came to level 1
     # A limit or a gap in the offsets ended it while level-1 entries went on (False: it
     # holds all of the partition's level 1 up to a level-0 entry, or up to its end).
     cut: bool = False
@@ -599,10 +602,8 @@ def _plan_l2_in(
             )
             claims.append((key, claimed.pack()))
             entries += (JobEntry(member_topic, member_partition, e) for e in member_run.entries)
-            # What the run leaves came to level 1 after this plan, unless a limit cut it:
-            # then after the object of its last entry was written (a promoted ingest
-            # file's writing is long before it came to level 1, so that time alone would
-            # make what is left due at once, and the next run a few seconds long).
+            # What the run leaves came to level 1 after this plan, unless a limit or a
+            # gap cut it: then when the object of its last entry came there, or after.
             arrived = member_run.last_created_ms if member_run.cut else now_ms
             claimed_rows.append((member_topic, member_partition, arrived))
         tr.set_many(claims)

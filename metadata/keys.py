@@ -27,6 +27,8 @@ too unless noted.
                                                     base_offset), ...)) last five batches
   (OBJECT, key)                                    (size, live chunk count, created_ms,
                                                     dead_since_ms or None, level or None)
+                                                    -- created_ms of an ingest file
+                                                    promoted to level 1: when promoted
   (OBJECT_CHUNK, key, topic_id, partition, last)   (start, length, base_offset, batch count,
                                                     max_timestamp) -- a chunk entry naming the
                                                     object, found by object (the reverse of

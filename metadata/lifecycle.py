@@ -69,7 +69,7 @@ def read_tallies(tr: ReadTransaction, sub: keys.Subspace) -> dict[str, int]:
 class ObjectRecord:
     size: int
     live_entries: int
-    created_ms: int
+    created_ms: int  # when written at its level (promoted to level 1: when promoted)
     dead_since_ms: int | None
     level: int | None = None  # None: written before levels, never compacted
 

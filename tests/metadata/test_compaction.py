@@ -668,10 +668,10 @@ def test_after_a_job_takes_the_head_what_is_left_waits_from_its_own_arrival(kv):
 
 
 def test_what_a_job_leaves_of_promoted_files_waits_from_the_plan_not_their_writing(kv):
-    """A promoted ingest file keeps the time it was written, long before it came to level
-    1. What a level-2 job that took all of a partition's level 1 leaves (files promoted
-    while it ran) waits from the plan, so that the next run gathers a whole wait's data
-    instead of being due at once with what a few seconds brought."""
+    """Ingest files are written long before they come to level 1. What a level-2 job that
+    took all of a partition's level 1 leaves (files promoted while it ran) waits from the
+    plan, so that the next run gathers a whole wait's data instead of being due at once
+    with what a few seconds brought."""
     topic = _topic(kv, partitions=1)
     wait = 30_000
     for key, ts in (("a", 10), ("b", 20)):
@@ -690,6 +690,35 @@ def test_what_a_job_leaves_of_promoted_files_waits_from_the_plan_not_their_writi
     assert _l1_rows(kv) == {0: (600, 2, 2, -1, 0, planned)}
     assert _plan_l2(kv, now=planned + wait - 1, wait=wait) is None
     later = _plan_l2(kv, now=planned + wait, wait=wait)
+    assert later is not None and later.input_keys == ["c", "d"]
+
+
+def test_what_a_run_cut_by_its_span_leaves_waits_from_its_last_files_promotion(kv):
+    """A run the topic's span cuts leaves level-1 data that came with the run's last object
+    or after it: it waits from when that object was promoted, not from when it was written
+    (long before), which would make it due at once and the next run a few seconds long."""
+    topic = _topic(kv, partitions=1)
+    wait = span = 30_000
+    spans = {topic.topic_id: span}
+    # Four ingest files, all written at 1, promoted at three times; c's records are more
+    # than the span newer than a's, so a run from a stops before c.
+    for key, ts, promoted in (
+        ("a", 0, NOW),
+        ("b", 20_000, NOW + 20_000),
+        ("c", 40_000, NOW + 25_000),
+        ("d", 45_000, NOW + 25_000),
+    ):
+        _append(kv, topic, key, {0: [(1, ts)]}, length=300)
+        assert _plan_l1(kv, now=promoted, promote_bytes=250) is None
+        assert _object(kv, key).created_ms == promoted
+    planned = NOW + wait
+    plan = _plan_l2(kv, now=planned, spans=spans, wait=wait)
+    assert plan is not None and plan.input_keys == ["a", "b"]
+    assert plan.level_one_rows == ((topic.topic_id, 0, NOW + 20_000),)
+    assert _commit(kv, plan, "z", now=planned + 1_000).committed
+    assert _l1_rows(kv) == {0: (600, 2, 2, -1, 0, NOW + 20_000)}
+    assert _plan_l2(kv, now=NOW + 20_000 + wait - 1, spans=spans, wait=wait) is None
+    later = _plan_l2(kv, now=NOW + 20_000 + wait, spans=spans, wait=wait)
     assert later is not None and later.input_keys == ["c", "d"]
 
 
@@ -906,8 +935,8 @@ def test_objects_of_entries_as_large_as_a_job_makes_enter_level_one_as_they_are(
     # each) move without a job; c and d (100 bytes each) are merged by one.
     plan = _plan_l1(kv, promote_bytes=250)
     assert plan is not None and plan.input_keys == ["c", "d"]
-    assert _object(kv, "a") == lifecycle.ObjectRecord(602, 2, 1, None, L1)
-    assert _object(kv, "b") == lifecycle.ObjectRecord(301, 1, 1, None, L1)
+    assert _object(kv, "a") == lifecycle.ObjectRecord(602, 2, NOW, None, L1)
+    assert _object(kv, "b") == lifecycle.ObjectRecord(301, 1, NOW, None, L1)
     assert sorted(_claims(kv)) == ["c", "d"]  # a and b left the queue
     assert _l1_rows(kv) == {0: (600, 2, 0, -1, 0, NOW), 1: (300, 1, 0, -1, 0, NOW)}
     # Nothing a reader sees changed: the same entries, offsets, bytes and tallies.
@@ -921,8 +950,8 @@ def test_objects_of_entries_as_large_as_a_job_makes_enter_level_one_as_they_are(
     assert l2 is not None and l2.level == L2
     assert [(p, [e.object_key for e in es]) for _t, p, es in l2.partitions()] == [(0, ["a", "b"])]
     assert _commit(kv, l2, "L2", now=NOW + 1) == compaction.JobResult(True)
-    assert _object(kv, "b") == lifecycle.ObjectRecord(301, 0, 1, NOW + 1, L1)
-    assert _object(kv, "a") == lifecycle.ObjectRecord(602, 1, 1, None, L1)  # p1's entry
+    assert _object(kv, "b") == lifecycle.ObjectRecord(301, 0, NOW, NOW + 1, L1)
+    assert _object(kv, "a") == lifecycle.ObjectRecord(602, 1, NOW, None, L1)  # p1's entry
     assert _due(kv, NOW + 1 + DELAY) == [(NOW + 1 + DELAY, "b")]
     assert [(e.object_key, e.base_offset) for e in _full_entries(kv, topic, 0)] == [
         ("L2", 0),
