@@ -210,6 +210,12 @@ class ReadAhead:
             "level0_bytes": 0,
             "level1_bytes": 0,
             "level2_bytes": 0,
+            # Fetches behind the head that read some of their bytes themselves, by why:
+            # read ahead before but no longer cached; a stretch under way that does not
+            # bring them. And ranges a Fetch waited for that its stretch ended without.
+            "fetches_evicted": 0,
+            "fetches_beside_stretch": 0,
+            "promises_unkept": 0,
         }
 
     def note_fetch(
@@ -244,13 +250,18 @@ class ReadAhead:
             queued = front.request
             if missing and queued is not None and queued.may_bring(missing[0].base_offset):
                 self._promise(queued, missing)  # the stretch under way may bring them
+            elif missing:
+                self.stats["fetches_beside_stretch"] += 1
             return
         last = entries[-1]
         if missing and last.last_offset >= front.next_offset:
             # Past what was read ahead, and behind the cache: from the first entry
             # missing, and the Fetch waits for it.
             self._request(key, front, _Request(key, missing[0].base_offset, urgent=True), missing)
-        elif 0 <= front.refill_at <= last.last_offset and front.next_offset < high_watermark:
+            return
+        if missing:
+            self.stats["fetches_evicted"] += 1
+        if 0 <= front.refill_at <= last.last_offset and front.next_offset < high_watermark:
             self._request(key, front, _Request(key, front.next_offset))
 
     def _request(
@@ -290,10 +301,13 @@ class ReadAhead:
             return
         kept = []
         for wanted in request.promised:
-            if ended or self._cache.covers(*wanted):
+            cached = self._cache.covers(*wanted)
+            if ended or cached:
                 done = self._promised.pop(wanted, None)
                 if done is not None:
                     done.set()
+                    if not cached:
+                        self.stats["promises_unkept"] += 1
             else:
                 kept.append(wanted)
         request.promised = kept

@@ -415,12 +415,21 @@ def read_levels(read: dict[str, Any]) -> str:
         if level == 2:  # a stream's GET and the ranges read on from it count once
             gets += path.get("read_ahead.streams_opened", 0)
         mb = path.get(f"read_ahead.level{level}_bytes", 0) / MB
-        per_gb = f"{gets / (mb / 1000):.0f} per GB" if mb else "-"
-        parts.append(f"level {level} {gets} for {mb:.0f} MB ({per_gb})")
+        # (no rate for a few reads of under a MB: it would be arithmetic on noise)
+        per_gb = f" ({gets / (mb / 1000):.0f} per GB)" if mb >= 1 else ""
+        parts.append(f"level {level} {gets} for {mb:.0f} MB{per_gb}")
+    why = ""
+    if "read_ahead.fetches_evicted" in path:
+        why = (
+            " (Fetches that found bytes read ahead for them no longer cached:"
+            f" {path['read_ahead.fetches_evicted']}; beside a stretch under way:"
+            f" {path['read_ahead.fetches_beside_stretch']}; ranges a Fetch waited for"
+            f" that its stretch ended without: {path['read_ahead.promises_unkept']})"
+        )
     return (
         "GETs of the catch-up read by the level of what they read (read-ahead's, with the"
         f" bytes it read from each): {', '.join(parts)}; the Fetches' own"
-        f" {path.get('reader.gets', 0)}."
+        f" {path.get('reader.gets', 0)}{why}."
     )
 
 

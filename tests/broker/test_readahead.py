@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.readahead import STRETCH_MAX, STRETCH_MIN, ReadAhead, _Piece, _pieces
+from broker.readahead import STRETCH_MAX, STRETCH_MIN, ReadAhead, _Front, _Piece, _pieces
 from metadata.compaction import L1, L2
 from metadata.lifecycle import ObjectRecord
 from metadata.log import ChunkEntry
@@ -101,9 +101,11 @@ def test_a_fetch_that_overtook_its_read_ahead_waits_for_the_stretch_it_asks_for(
     ahead._keep_promises(request, ended=False)
     assert waits[0].is_set() and not waits[1].is_set()
     assert ahead.in_flight("obj", 100, 200) is None
+    assert ahead.stats["promises_unkept"] == 0
     # The stretch ended without the second: released, the Fetch reads it itself.
     ahead._keep_promises(request, ended=True)
     assert waits[1].is_set() and not ahead._promised
+    assert ahead.stats["promises_unkept"] == 1
 
 
 def test_a_fetch_waits_for_a_queued_stretch_only_if_it_may_bring_its_bytes() -> None:
@@ -113,9 +115,27 @@ def test_a_fetch_waits_for_a_queued_stretch_only_if_it_may_bring_its_bytes() -> 
     request.until_offset = 50  # planned: offsets 0-49
     ahead.note_fetch(b"t", 0, [entry("b", 0, 100, 40)], high_watermark=1000)
     assert ahead.in_flight("b", 0, 100) is not None
+    assert ahead.stats["fetches_beside_stretch"] == 0
     ahead.note_fetch(b"t", 0, [entry("c", 0, 100, 50)], high_watermark=1000)
     assert ahead.in_flight("c", 0, 100) is None  # past the stretch: read by the Fetch
     assert ahead.stats["requests"] == 1
+    assert ahead.stats["fetches_beside_stretch"] == 1
+
+
+def test_a_fetch_of_bytes_read_ahead_and_no_longer_cached_is_counted() -> None:
+    ahead = _read_ahead(ObjectCache(256 * MiB))
+    front = ahead._fronts[(b"t", 0)] = _Front(next_offset=100, refill_at=50)
+    # Offsets 10-19 were read ahead (the front is at 100); the cache has them no more.
+    ahead.note_fetch(b"t", 0, [entry("gone", 0, 100, 10)], high_watermark=1000)
+    assert ahead.stats["fetches_evicted"] == 1 and ahead.stats["requests"] == 0
+    # Cached: nothing counted.
+    ahead._cache.put("gone", b"x" * 100)
+    ahead.note_fetch(b"t", 0, [entry("gone", 0, 100, 10)], high_watermark=1000)
+    assert ahead.stats["fetches_evicted"] == 1
+    # Past the middle and missing: counted, and the next stretch is asked for.
+    ahead.note_fetch(b"t", 0, [entry("gone2", 0, 100, 60)], high_watermark=1000)
+    assert ahead.stats["fetches_evicted"] == 2 and ahead.stats["requests"] == 1
+    assert front.busy and [r.from_offset for r in ahead._ahead] == [100]
 
 
 def test_a_stretch_a_fetch_waits_for_goes_before_those_asked_for_ahead() -> None:
