@@ -211,8 +211,9 @@ class ReadAhead:
             "level1_bytes": 0,
             "level2_bytes": 0,
             # Fetches behind the head that read some of their bytes themselves, by why:
-            # read ahead before but no longer cached; a stretch under way that does not
-            # bring them. And ranges a Fetch waited for that its stretch ended without.
+            # read ahead before but no longer cached (or their stretch failed: see
+            # "failures"); a stretch under way that does not bring them. And ranges a
+            # Fetch waited for that its stretch ended without.
             "fetches_evicted": 0,
             "fetches_beside_stretch": 0,
             "promises_unkept": 0,

@@ -110,8 +110,8 @@ class Plan:
     queued: tuple[tuple[int, str], ...] = ()  # (created_ms, key) of level-0 inputs
     # Of a level-2 job, per partition it claimed: (topic id, partition, when what its
     # run leaves in level 1 came there at the earliest): the plan's time, or, when a
-    # limit cut the run, when the level-1 object holding its last entry came to level 1
-    # (what is left came in that object or, nearly always, after it).
+    # limit or a gap cut the run, when the level-1 object holding its last entry came to
+    # level 1 (what is left came in that object or, nearly always, after it).
     level_one_rows: tuple[tuple[bytes, int, int], ...] = ()
 
     @property
