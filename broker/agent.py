@@ -47,6 +47,7 @@ from metadata.cluster import Agent as AgentInfo
 from metadata.homes import GROUP, TRANSACTION
 from metadata.kv import KV, KVError, open_kv
 from storage.cache import ObjectCache, RangeReader
+from storage.disk_cache import DiskCache
 from storage.hedge import HEDGE_THREADS, HedgedPuts
 from storage.objectstore import ObjectStore
 from storage.threads import ThreadPool
@@ -93,12 +94,22 @@ class Agent:
         self.store = store
         self.sub = keys.cluster_subspace(config.cluster_name)
         self.cache = ObjectCache(config.cache_bytes)
-        self.reader = RangeReader(store, self.cache)
+        disk_bytes = config.resolved_disk_cache_bytes
+        self.disk_cache = (
+            DiskCache(config.resolved_disk_cache_dir, disk_bytes) if disk_bytes > 0 else None
+        )
+        self.reader = RangeReader(store, self.cache, disk=self.disk_cache)
         # Entries read are used for half the delete delay at most: the objects they name
         # are kept at least that long after compaction or retention re-points them.
         self.chunks = ChunkCache(max_age_s=config.object_delete_delay_ms / 2000)
         self.read_ahead = ReadAhead(
-            kv, self.sub, store, self.cache, self.chunks, topic_name=self.topic_name_of
+            kv,
+            self.sub,
+            store,
+            self.cache,
+            self.chunks,
+            topic_name=self.topic_name_of,
+            disk=self.disk_cache,
         )
         self.reader.in_flight = self.read_ahead.in_flight
         self.notifier = Notifier()
@@ -208,7 +219,7 @@ class Agent:
                 orphan_sweep_interval_ms=config.orphan_sweep_interval_ms,
                 orphan_min_age_ms=config.orphan_min_age_ms,
             ),
-            forget_cached=self.cache.discard,
+            forget_cached=self._forget_cached,
         )
         self.compaction = new_compaction(self, config)
         # With --compaction-process the passes run in a process of the agent's own, whose
@@ -237,6 +248,12 @@ class Agent:
         if config.metrics_port:  # each request charged to topics (broker.costs)
             store = AccountingStore(store, Ledger())
         return cls(config, open_kv(config.resolved_metadata_url, threads=ThreadPool), store)
+
+    def _forget_cached(self, object_key: str) -> None:
+        """An object deleted from the store: its copies here go too."""
+        self.cache.discard(object_key)
+        if self.disk_cache is not None:
+            self.disk_cache.discard(object_key)
 
     def topic_name_of(self, topic_id: bytes) -> str:
         """The topic's name as cached here (its id in hex if not cached: a deleted

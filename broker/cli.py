@@ -302,6 +302,19 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     ),
     ("cache-bytes", int, 256 * 1024 * 1024, "memory for recently written objects"),
     (
+        "disk-cache-bytes",
+        _non_negative,
+        None,
+        "disk for objects of many partitions that a catch-up read reads whole once, for"
+        " all of them; 0: none (default: 1 GiB with S3, 0 with the local store)",
+    ),
+    (
+        "disk-cache-dir",
+        str,
+        None,
+        "the disk cache's folder (default: <data-dir>/disk-cache)",
+    ),
+    (
         "lease-ms",
         _positive,
         2_500,
@@ -801,6 +814,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         max_frame_bytes=args.max_frame_bytes,
         queued_max_request_bytes=args.queued_max_request_bytes,
         cache_bytes=args.cache_bytes,
+        disk_cache_bytes=args.disk_cache_bytes,
+        disk_cache_dir=args.disk_cache_dir,
         lease_ms=args.lease_ms,
         lease_renew_ms=args.lease_renew_ms,
         log_retention_check_interval_ms=args.log_retention_check_interval_ms,

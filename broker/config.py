@@ -81,6 +81,9 @@ class BrokerConfig:
     # Bytes of requests being received or handled, across all connections.
     queued_max_request_bytes: int = 256 * 1024 * 1024
     cache_bytes: int = 256 * 1024 * 1024
+    # The disk cache (storage.disk_cache); None: resolved by the store.
+    disk_cache_bytes: int | None = None
+    disk_cache_dir: str | None = None  # default: <data_dir>/disk-cache
     # The agent lease. A killed agent is named leader until its lease runs out, unless its
     # supervisor saw it die and deregistered it at once (broker.registry). Renewed every
     # 0.5 s, a 2.5 s lease drops a live agent only after four renewals in a row fail, or
@@ -299,6 +302,19 @@ class BrokerConfig:
             return self.flush_interval_ms
         # A local folder costs nothing per write; every S3 PUT costs money.
         return 2 if self.is_local_store else 250
+
+    @property
+    def resolved_disk_cache_bytes(self) -> int:
+        if self.disk_cache_bytes is not None:
+            return self.disk_cache_bytes
+        # The local store's objects are on this disk already: a copy would read nothing less.
+        return 0 if self.is_local_store else 1024 * 1024 * 1024
+
+    @property
+    def resolved_disk_cache_dir(self) -> str:
+        if self.disk_cache_dir is not None:
+            return self.disk_cache_dir
+        return os.path.join(os.path.abspath(self.data_dir), "disk-cache")
 
     @property
     def resolved_put_hedge_percentile(self) -> float | None:

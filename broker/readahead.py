@@ -16,14 +16,19 @@ each may be held at a time: the one being read and the next), between `STRETCH_M
 64 partitions at once reads 1.3 MiB of each per GET with the default 256 MiB cache.
 
 What one GET reads of an object: the whole object when it is no larger than the stretch;
-of a larger one, the partition's bytes of the stretch, as one range. That holds for
-objects of many partitions too (ingest files, level-1 objects): reading one whole for
-all of its partitions pays only if they all read it while it is cached, and a
-consumer's partitions are seldom at the same point of their logs (each left level 2 at
-its own offset). A 64-partition catch-up on S3 that read such objects whole while they
-fit in a third of the cache pushed them out of it before most partitions had read
-their part: read-ahead read twice the bytes consumed, and most Fetches read again for
-themselves.
+of a larger one, the partition's bytes of the stretch, as one range. An object of
+several partitions (an ingest file, a level-1 object, a level-2 object holding a few
+partitions' runs) is read once for all of them where the agent has a disk cache
+(storage.disk_cache) and the partitions read ahead lately, and not yet past the object,
+hold at least SHARE_MIN of its bytes (from its reverse index, up to SHARE_ROWS entries,
+remembered for SHARES_KNOWN objects): the first stretch that wants it reads it whole
+into the disk with one GET, a FILL_PIECE at a time, and every partition's range of it
+after comes from there (a Fetch's own read too), whatever the object's size; the memory
+cache holds the partition's range, not the object. In memory this did not pay: a
+consumer's partitions are seldom at the same point of their logs (they spread over up to
+16 stretches), and a 64-partition catch-up on S3 that read such objects whole into a
+third of the cache pushed them out before most partitions had read their part. A disk
+the fill cannot write to (full, say) leaves the stretch reading the range as before.
 
 A larger level-2 object is read in ranges through one open GET (an object store's
 `open_range_stream`, where it has one) that ends where the partition's run in the object
@@ -69,7 +74,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -82,8 +87,9 @@ from metadata.chunk_cache import ChunkCache, read_chunks_cached
 from metadata.compaction import L1, L2
 from metadata.kv import KV, ReadTransaction
 from metadata.lifecycle import ObjectRecord, get_object
-from metadata.log import INGEST_LEVEL, ChunkEntry, partition_end_in_object
+from metadata.log import INGEST_LEVEL, ChunkEntry, object_entries, partition_end_in_object
 from storage.cache import ObjectCache
+from storage.disk_cache import DiskCache
 from storage.objectstore import ObjectStore, ObjectStoreError, RangeStream
 from storage.threads import ThreadPool
 
@@ -103,6 +109,13 @@ STREAM_SKIP = 1024 * 1024  # bytes read and dropped to reach a range further on
 # Pieces read by one worker thread in a row (whole objects and plain ranges), at most.
 BATCH_PIECES = 8
 BATCH_BYTES = 4 * 1024 * 1024
+# An object of many partitions is read whole into the disk cache when the partitions
+# read ahead lately, and not yet past it, have at least this share of its bytes; its
+# reverse index is read for that, up to SHARE_ROWS entries.
+SHARE_MIN = 0.25
+SHARE_ROWS = 4096
+SHARES_KNOWN = 1024  # objects whose shares are remembered
+FILL_PIECE = 1024 * 1024  # what such a read holds at a time, on its way to the disk
 
 _Partition = tuple[bytes, int]  # topic id, partition
 
@@ -155,6 +168,10 @@ class _Piece:
     # Of a range of a level-2 object read through a stream: where the partition's run in
     # the object ends (the stream's end).
     stream_end: int | None = None
+    # Of a range of an object of many partitions: read the whole object (of `size`
+    # bytes) into the disk cache (unless it is there already), and the range from there.
+    to_disk: bool = False
+    size: int = 0
 
 
 class ReadAhead:
@@ -167,8 +184,15 @@ class ReadAhead:
         chunks: ChunkCache,
         *,
         topic_name: Callable[[bytes], str] = bytes.hex,
+        disk: DiskCache | None = None,
     ) -> None:
         self._kv = kv
+        self._disk = disk
+        # Objects being read whole into the disk cache: set once there (or failed).
+        self._filling: dict[str, Flag] = {}
+        # The partitions' shares of objects lately looked at for it (from their reverse
+        # indexes, which only compaction and retention change: a guide, not a promise).
+        self._shares: OrderedDict[str, _Shares] = OrderedDict()
         self._topic_name = topic_name
         self._chunks = chunks
         self._sub = sub
@@ -217,6 +241,12 @@ class ReadAhead:
             "fetches_evicted": 0,
             "fetches_beside_stretch": 0,
             "promises_unkept": 0,
+            # Objects of many partitions read whole into the disk cache (one GET each,
+            # their bytes), and ranges read from there rather than from the store.
+            "disk_fills": 0,
+            "disk_fill_bytes": 0,
+            "disk_reads": 0,
+            "disk_failures": 0,  # fills the disk refused (the first is logged as a warning)
         }
 
     def note_fetch(
@@ -376,9 +406,11 @@ class ReadAhead:
         topic_id, partition = key
         stretch = self.stretch_bytes()
 
+        disk = self._disk
+
         def plan(
             tr: ReadTransaction,
-        ) -> tuple[list[ChunkEntry], dict[str, ObjectRecord], dict[str, int]]:
+        ) -> tuple[list[ChunkEntry], dict[str, ObjectRecord], dict[str, int], dict[str, _Shares]]:
             entries = read_chunks_cached(
                 tr,
                 self._chunks,
@@ -391,6 +423,7 @@ class ReadAhead:
             )
             records = {}
             run_ends = {}
+            shares: dict[str, _Shares] = {}
             for object_key in dict.fromkeys(e.object_key for e in entries):
                 record = get_object(tr, self._sub, object_key)
                 if record is not None:
@@ -401,20 +434,58 @@ class ReadAhead:
                         )
                         if run_end is not None:
                             run_ends[object_key] = run_end
-            return entries, records, run_ends
+                    if (
+                        disk is not None
+                        and record.level in (INGEST_LEVEL, L1, L2)
+                        and disk.fits(record.size)
+                        and object_key not in disk
+                    ):
+                        known = self._shares.get(object_key)
+                        shares[object_key] = (
+                            known
+                            if known is not None
+                            else _shares(object_entries(tr, self._sub, object_key, SHARE_ROWS))
+                        )
+            return entries, records, run_ends, shares
 
-        entries, records, run_ends = await self._kv.read(plan, quick=True)
+        entries, records, run_ends, shares = await self._kv.read(plan, quick=True)
         if not entries:
             return
+        for object_key, by_partition in shares.items():
+            self._shares[object_key] = by_partition
+            self._shares.move_to_end(object_key)
+        while len(self._shares) > SHARES_KNOWN:
+            self._shares.popitem(last=False)
+        to_disk = {
+            object_key
+            for object_key, by_partition in shares.items()
+            if len(by_partition) > 1
+            and self._wanted(by_partition) >= SHARE_MIN * records[object_key].size
+        }
         if request is not None:
             request.until_offset = entries[-1].last_offset + 1
         if front is not None:
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
+        on_disk: frozenset[str] | set[str] = (
+            frozenset() if disk is None else {e.object_key for e in entries if e.object_key in disk}
+        )
         batch: list[_Piece] = []  # marked as being read, not read yet
         batch_bytes = 0
         try:
-            for piece in _pieces(entries, records, stretch, run_ends):
+            for piece in _pieces(entries, records, stretch, run_ends, to_disk, on_disk):
+                filling = self._filling.get(piece.object_key)
+                if filling is not None:  # another stretch reads the object into the disk
+                    if batch:
+                        taken, batch, batch_bytes = batch, [], 0
+                        await self._read_batch(taken, records, request)
+                    await filling.wait()
+                if (
+                    (filling is not None or piece.stream_end is not None)
+                    and self._disk is not None
+                    and piece.object_key in self._disk
+                ):  # read from the disk cache, not filled again nor streamed
+                    piece = _Piece(piece.object_key, piece.start, piece.end)
                 if piece in self._reading or (
                     self._cache.covers(piece.object_key, piece.start, piece.end)
                     if piece.start is not None and piece.end is not None
@@ -422,6 +493,8 @@ class ReadAhead:
                 ):
                     continue
                 self._reading[piece] = Flag()
+                if piece.to_disk:
+                    self._filling[piece.object_key] = self._reading[piece]
                 if piece.stream_end is None or self._open_stream is None:
                     # A whole object, or one partition's bytes of an object of many
                     # (what follows them is another partition's: no stream to read on).
@@ -464,8 +537,8 @@ class ReadAhead:
         there and is raised once what came before it is cached."""
         try:
             got, error = await self._threads.run(self._get_all, batch)
-            for piece, data in zip(batch, got, strict=False):
-                self._keep(piece, data, records)
+            for piece, (data, source) in zip(batch, got, strict=False):
+                self._keep(piece, data, records, source)
         finally:
             self._release(batch)
         if request is not None:
@@ -477,21 +550,86 @@ class ReadAhead:
         """These pieces are no longer being read: what waits for them goes on."""
         for piece in pieces:
             self._reading.pop(piece).set()
+            if piece.to_disk:
+                self._filling.pop(piece.object_key, None)
 
-    def _get_all(self, batch: list[_Piece]) -> tuple[list[bytes | memoryview], Exception | None]:
-        """In a worker thread: each piece's bytes, up to the first that fails."""
-        got: list[bytes | memoryview] = []
+    def _get_all(
+        self, batch: list[_Piece]
+    ) -> tuple[list[tuple[bytes | memoryview, str]], Exception | None]:
+        """In a worker thread: each piece's bytes and where they came from ("store",
+        "disk", or "fill": the whole object read into the disk cache), up to the first
+        that fails."""
+        got: list[tuple[bytes | memoryview, str]] = []
         for piece in batch:
             try:
-                got.append(self._store.get_view_sync(piece.object_key, piece.start or 0, piece.end))
+                got.append(self._get(piece))
             except Exception as exc:  # raised on the loop, after the others are cached
                 return got, exc
         return got, None
 
+    def _get(self, piece: _Piece) -> tuple[bytes | memoryview, str]:
+        disk = self._disk
+        key, start, end = piece.object_key, piece.start, piece.end
+        if disk is not None and start is not None and end is not None:
+            data = disk.read(key, start, end)
+            if data is not None:
+                return data, "disk"
+            if piece.to_disk:
+                try:
+                    self._fill(disk, key, piece.size)
+                except ObjectStoreError:
+                    raise
+                except OSError as exc:  # the disk's (full, say): the range is read as before
+                    self.stats["disk_failures"] += 1  # (read in a worker thread: a count)
+                    log = logger.warning if self.stats["disk_failures"] == 1 else logger.debug
+                    log("the disk cache could not keep %s (read as a range): %s", key, exc)
+                else:
+                    data = disk.read(key, start, end)
+                    if data is not None:
+                        return data, "fill"
+        return self._store.get_view_sync(key, start or 0, end), "store"
+
+    def _fill(self, disk: DiskCache, key: str, size: int) -> None:
+        """Read the whole object into the disk cache with one GET, a piece at a time
+        from a stream where the store has them."""
+        if self._open_stream is None:
+            disk.put(key, self._store.get_view_sync(key, 0, None))
+            return
+        stream = self._open_stream(key, 0, size)
+        try:
+            disk.fill(key, size, _read_through(stream, size))
+        finally:
+            stream.close()
+
+    def _wanted(self, by_partition: _Shares) -> int:
+        """The bytes of an object that partitions read ahead lately and not yet past it
+        will read."""
+        now = time.monotonic()
+        wanted = 0
+        for key, (size, last_offset) in by_partition.items():
+            front = self._fronts.get(key)
+            if (
+                front is not None
+                and now - front.seen <= ACTIVE_SECONDS
+                and front.next_offset <= last_offset
+            ):
+                wanted += size
+        return wanted
+
     def _keep(
-        self, piece: _Piece, data: bytes | memoryview, records: Mapping[str, ObjectRecord]
+        self,
+        piece: _Piece,
+        data: bytes | memoryview,
+        records: Mapping[str, ObjectRecord],
+        source: str = "store",
     ) -> None:
         """Into the cache, counted."""
+        if source == "disk":
+            self.stats["disk_reads"] += 1
+        elif source == "fill":
+            self.stats["disk_fills"] += 1
+            record = records.get(piece.object_key)
+            self.stats["disk_fill_bytes"] += 0 if record is None else record.size
         if piece.start is None:
             self._cache.put(piece.object_key, data)
             self.stats["objects"] += 1
@@ -503,7 +641,7 @@ class ReadAhead:
         level = None if record is None else record.level
         if level in (INGEST_LEVEL, L1, L2):
             self.stats[f"level{level}_bytes"] += len(data)
-            if piece.stream_end is None:
+            if piece.stream_end is None and source != "disk":  # a GET of the store
                 self.stats[f"level{level}_reads"] += 1
 
     def in_flight(self, object_key: str, start: int, end: int) -> Flag | None:
@@ -593,6 +731,17 @@ async def _close(held: _Stream) -> None:
         logger.debug("closing the stream of %s: %s", held.object_key, exc)
 
 
+def _read_through(stream: RangeStream, size: int) -> Iterator[bytes | memoryview]:
+    """The stream's bytes, FILL_PIECE at a time, up to `size` (fewer if it ends first)."""
+    left = size
+    while left > 0:
+        piece = stream.read(min(FILL_PIECE, left))
+        if not piece:
+            return
+        left -= len(piece)
+        yield piece
+
+
 def _piece_bytes(piece: _Piece, records: Mapping[str, ObjectRecord]) -> int:
     """What a piece reads, for a batch's bound (an object without a record: a guess)."""
     if piece.start is not None and piece.end is not None:
@@ -612,11 +761,25 @@ def _middle(entries: Sequence[ChunkEntry]) -> int:
     return entries[-1].base_offset
 
 
+_Shares = dict[_Partition, tuple[int, int]]  # of an object: bytes, last offset in it
+
+
+def _shares(found: Sequence[tuple[bytes, int, ChunkEntry]]) -> _Shares:
+    """An object's bytes and last offset in it, by partition, from its reverse index."""
+    shares: _Shares = {}
+    for topic_id, partition, entry in found:
+        size, _last = shares.get((topic_id, partition), (0, -1))
+        shares[(topic_id, partition)] = (size + entry.length, entry.last_offset)
+    return shares
+
+
 def _pieces(
     entries: Sequence[ChunkEntry],
     records: dict[str, ObjectRecord],
     stretch: int,
     run_ends: Mapping[str, int] | None = None,
+    to_disk: set[str] | frozenset[str] = frozenset(),
+    on_disk: set[str] | frozenset[str] = frozenset(),
 ) -> list[_Piece]:
     """The GETs of a stretch, in offset order (see the module's rules)."""
     spans: dict[str, list[int]] = {}
@@ -627,11 +790,13 @@ def _pieces(
     pieces = []
     for object_key, (start, end) in spans.items():
         record = records.get(object_key)
+        if object_key in to_disk and record is not None:
+            pieces.append(_Piece(object_key, start, end, to_disk=True, size=record.size))
+        elif object_key in on_disk:  # the partition's range, from the disk cache
+            pieces.append(_Piece(object_key, start, end))
         # An object not known is read whole, as before objects had records.
-        whole = record is None or record.size <= stretch
-        if whole:
+        elif record is None or record.size <= stretch:
             pieces.append(_Piece(object_key, None, None))
         else:
-            run_end = (run_ends or {}).get(object_key)
-            pieces.append(_Piece(object_key, start, end, run_end))
+            pieces.append(_Piece(object_key, start, end, (run_ends or {}).get(object_key)))
     return pieces

@@ -39,6 +39,11 @@ def snapshot(agent: Agent) -> dict[str, Any]:
         "cache": dict(agent.cache.stats),
         "reader": dict(agent.reader.stats),
         "read_ahead": dict(agent.read_ahead.stats),
+        "disk_cache": (
+            {**agent.disk_cache.stats, "held_bytes": agent.disk_cache.held_bytes}
+            if agent.disk_cache is not None
+            else {}
+        ),
         "chunk_cache": dict(agent.chunks.stats),
         "metadata": dict(getattr(agent.kv, "stats", {})),
         # The store's reachability as the lease loop last found it (broker.ripcord).

@@ -959,6 +959,8 @@ def measure(
                 delta.get(f"read_ahead.{key}", 0) for key in ("objects", "ranges", "streams_opened")
             )
             - delta.get("read_ahead.streamed_ranges", 0)
+            # (ranges read from the disk cache: no GET; a fill's GET is one of its ranges)
+            - delta.get("read_ahead.disk_reads", 0)
         )
         result["read_gets"] = reads
         result["read_gets_per_gb"] = round(reads / gb, 1) if gb else None
@@ -967,8 +969,15 @@ def measure(
         result["read_path"] = {
             key: delta.get(key, 0)
             for key in sorted(delta)
-            if key in ("reader.gets", "reader.waits", "reader.wait_ms", "reader.wait_timeouts")
-            or key.startswith("read_ahead.")
+            if key
+            in (
+                "reader.gets",
+                "reader.waits",
+                "reader.wait_ms",
+                "reader.wait_timeouts",
+                "reader.disk_reads",
+            )
+            or key.startswith(("read_ahead.", "disk_cache."))
         }
     return result
 

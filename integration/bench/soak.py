@@ -426,10 +426,20 @@ def read_levels(read: dict[str, Any]) -> str:
             f" {path['read_ahead.fetches_beside_stretch']}; ranges a Fetch waited for"
             f" that its stretch ended without: {path['read_ahead.promises_unkept']})"
         )
+    disk = ""
+    if path.get("read_ahead.disk_fills", 0):
+        disk = (
+            " The disk cache: objects of many partitions read whole into it"
+            f" {path['read_ahead.disk_fills']}"
+            f" ({path['read_ahead.disk_fill_bytes'] / MB:.0f} MB; counted above as GETs of"
+            f" their level), ranges read from it by read-ahead {path['read_ahead.disk_reads']}"
+            f" and by Fetches {path.get('reader.disk_reads', 0)}, objects evicted"
+            f" {path.get('disk_cache.objects_evicted', 0)}."
+        )
     return (
         "GETs of the catch-up read by the level of what they read (read-ahead's, with the"
         f" bytes it read from each): {', '.join(parts)}; the Fetches' own"
-        f" {path.get('reader.gets', 0)}{why}."
+        f" {path.get('reader.gets', 0)}{why}.{disk}"
     )
 
 

@@ -1,0 +1,145 @@
+"""A folder of whole objects read once from the store, for the reads of them after.
+
+An ingest file or a level-1 object holds many partitions' bytes. A consumer catching
+up on those partitions reads each one's range of it at its own time (its partitions are
+seldom at the same point of their logs), one GET per partition and object, and holding
+the object in memory until the last of them comes would take far more than the cache.
+Read-ahead instead reads such an object whole, once, into this folder, and every read
+of it after (read-ahead's stretches, a Fetch's own read) is a read of the local file:
+one GET per object for all of its partitions, bounded by the disk rather than memory.
+
+Rules:
+- Objects are immutable and their keys never used again: a file here never goes stale,
+  and one whose object was deleted from the store still holds what a reader with an
+  older index lookup wants.
+- Bounded by bytes, the least recently read file deleted first; an object larger than
+  an eighth of the bound is not kept.
+- A file is written under a temporary name and renamed when complete, so a reader never
+  sees half of one; the files of a run before are deleted when the agent starts (what
+  they hold is not known after a restart).
+- Thread-safe: written and read by read-ahead's worker threads and the Fetches'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+_OWN = re.compile(r"[0-9a-f]{40}(\.[0-9]+\.tmp)?")
+
+
+class DiskCache:
+    def __init__(self, directory: str, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._files: OrderedDict[str, int] = OrderedDict()  # object key -> size, LRU first
+        self._held = 0
+        self._lock = threading.Lock()
+        self.stats: dict[str, int] = {
+            "objects_kept": 0,
+            "bytes_kept": 0,
+            "reads": 0,
+            "bytes_read": 0,
+            "objects_evicted": 0,
+        }
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):  # only files named as this class names them
+            if _OWN.fullmatch(name):
+                os.unlink(os.path.join(directory, name))
+
+    def __contains__(self, object_key: object) -> bool:
+        with self._lock:
+            return object_key in self._files
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def fits(self, size: int) -> bool:
+        """Whether an object of this size may be kept."""
+        return 0 < size <= self.max_bytes // 8
+
+    def _path(self, object_key: str) -> str:
+        return os.path.join(self.directory, hashlib.sha1(object_key.encode()).hexdigest())
+
+    def read(self, object_key: str, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of the object; None when it is not kept here."""
+        with self._lock:
+            if object_key not in self._files:
+                return None
+            self._files.move_to_end(object_key)
+        try:
+            fd = os.open(self._path(object_key), os.O_RDONLY)
+        except FileNotFoundError:  # deleted by another thread since
+            return None
+        try:
+            data = os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
+        if len(data) != end - start:
+            return None  # not of this object's size: not trusted
+        with self._lock:
+            self.stats["reads"] += 1
+            self.stats["bytes_read"] += len(data)
+        return data
+
+    def put(self, object_key: str, data: bytes | memoryview) -> None:
+        """Keep the whole object (a no-op if it does not fit or is kept already)."""
+        self.fill(object_key, len(data), iter((data,)))
+
+    def fill(self, object_key: str, size: int, pieces: Iterable[bytes | memoryview]) -> None:
+        """Keep the object whose `size` bytes `pieces` yields in order (read from a
+        stream a piece at a time: the agent holds one piece, not the object); a no-op if
+        it does not fit or is kept already. Fewer bytes than `size`: an error, nothing
+        kept."""
+        if not self.fits(size) or object_key in self:
+            return
+        path = self._path(object_key)
+        temporary = f"{path}.{threading.get_ident()}.tmp"
+        try:
+            written = 0
+            with open(temporary, "wb") as f:
+                for piece in pieces:
+                    f.write(piece)
+                    written += len(piece)
+            if written != size:
+                raise OSError(f"{object_key}: {written} bytes read of {size}")
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+        gone: list[str] = []
+        with self._lock:
+            if object_key in self._files:  # kept by another thread meanwhile
+                return
+            self._files[object_key] = size
+            self._held += size
+            self.stats["objects_kept"] += 1
+            self.stats["bytes_kept"] += size
+            while self._held > self.max_bytes:
+                old, old_size = self._files.popitem(last=False)
+                self._held -= old_size
+                self.stats["objects_evicted"] += 1
+                gone.append(old)
+        for old in gone:
+            self._unlink(old)
+
+    def discard(self, object_key: str) -> None:
+        with self._lock:
+            size = self._files.pop(object_key, None)
+            if size is None:
+                return
+            self._held -= size
+        self._unlink(object_key)
+
+    def _unlink(self, object_key: str) -> None:
+        try:
+            os.unlink(self._path(object_key))
+        except FileNotFoundError:
+            pass
