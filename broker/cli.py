@@ -312,7 +312,8 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         "disk-cache-dir",
         str,
         None,
-        "the disk cache's folder (default: <data-dir>/disk-cache)",
+        "the disk cache's folder, in which each agent keeps its own, agent-<port>"
+        " (default: <data-dir>/disk-cache)",
     ),
     (
         "lease-ms",

@@ -83,7 +83,7 @@ class BrokerConfig:
     cache_bytes: int = 256 * 1024 * 1024
     # The disk cache (storage.disk_cache); None: resolved by the store.
     disk_cache_bytes: int | None = None
-    disk_cache_dir: str | None = None  # default: <data_dir>/disk-cache
+    disk_cache_dir: str | None = None  # default: <data_dir>/disk-cache (agent-<port> in it)
     # The agent lease. A killed agent is named leader until its lease runs out, unless its
     # supervisor saw it die and deregistered it at once (broker.registry). Renewed every
     # 0.5 s, a 2.5 s lease drops a live agent only after four renewals in a row fail, or
@@ -312,9 +312,10 @@ class BrokerConfig:
 
     @property
     def resolved_disk_cache_dir(self) -> str:
-        if self.disk_cache_dir is not None:
-            return self.disk_cache_dir
-        return os.path.join(os.path.abspath(self.data_dir), "disk-cache")
+        """A folder of this agent's own: the agents of `--agents N` share the data folder
+        (and may share --disk-cache-dir), each empties its folder when it starts."""
+        base = self.disk_cache_dir or os.path.join(os.path.abspath(self.data_dir), "disk-cache")
+        return os.path.join(base, f"agent-{self.port}")
 
     @property
     def resolved_put_hedge_percentile(self) -> float | None:

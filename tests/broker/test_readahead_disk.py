@@ -237,8 +237,11 @@ def test_the_disk_cache_defaults_by_store(monkeypatch: pytest.MonkeyPatch) -> No
     assert config_of("--storage", "s3://bucket/p").resolved_disk_cache_bytes == 1024**3
     on_disk = config_of("--disk-cache-bytes", "1000", "--disk-cache-dir", "/somewhere")
     assert on_disk.resolved_disk_cache_bytes == 1000
-    assert on_disk.resolved_disk_cache_dir == "/somewhere"
-    assert config_of("--data-dir", "/d").resolved_disk_cache_dir == "/d/disk-cache"
+    assert on_disk.resolved_disk_cache_dir == "/somewhere/agent-9092"
+    assert config_of("--data-dir", "/d").resolved_disk_cache_dir == "/d/disk-cache/agent-9092"
+    # The agents of --agents N: a folder each.
+    second = config_of("--data-dir", "/d").with_port(9093)
+    assert second.resolved_disk_cache_dir == "/d/disk-cache/agent-9093"
     with pytest.raises(SystemExit):
         config_of("--disk-cache-bytes", "-1")
 
