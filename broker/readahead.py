@@ -467,9 +467,8 @@ class ReadAhead:
         if front is not None:
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
-        on_disk: frozenset[str] | set[str] = (
-            frozenset() if disk is None else {e.object_key for e in entries if e.object_key in disk}
-        )
+        # (An object without a record is never read into the disk.)
+        on_disk: set[str] = set() if disk is None else {k for k in records if k in disk}
         batch: list[_Piece] = []  # marked as being read, not read yet
         batch_bytes = 0
         try:
@@ -481,10 +480,10 @@ class ReadAhead:
                         await self._read_batch(taken, records, request)
                     await filling.wait()
                 if (
-                    (filling is not None or piece.stream_end is not None)
-                    and self._disk is not None
-                    and piece.object_key in self._disk
-                ):  # read from the disk cache, not filled again nor streamed
+                    (piece.to_disk or piece.stream_end is not None)
+                    and disk is not None
+                    and piece.object_key in disk
+                ):  # on the disk since the plan: read from there, not filled nor streamed
                     piece = _Piece(piece.object_key, piece.start, piece.end)
                 if piece in self._reading or (
                     self._cache.covers(piece.object_key, piece.start, piece.end)
@@ -628,8 +627,7 @@ class ReadAhead:
             self.stats["disk_reads"] += 1
         elif source == "fill":
             self.stats["disk_fills"] += 1
-            record = records.get(piece.object_key)
-            self.stats["disk_fill_bytes"] += 0 if record is None else record.size
+            self.stats["disk_fill_bytes"] += piece.size
         if piece.start is None:
             self._cache.put(piece.object_key, data)
             self.stats["objects"] += 1

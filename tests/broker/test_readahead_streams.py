@@ -20,9 +20,8 @@ from metadata.lifecycle import ObjectRecord, put_object
 from metadata.log import ChunkEntry, put_entry
 from metadata.sqlite_kv import SQLiteKV
 from storage.cache import ObjectCache, RangeReader
-from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStore
-from tests.storage.conftest import make_s3_store
+from tests.storage.conftest import make_store
 
 MiB = 1024 * 1024
 SIZE = 6 * MiB
@@ -31,10 +30,7 @@ DATA = os.urandom(SIZE)
 
 @pytest.fixture(params=["local", "s3"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
-    if request.param == "local":
-        made: ObjectStore = LocalObjectStore(str(tmp_path / "objects"))
-    else:
-        made = make_s3_store(request.getfixturevalue("moto_s3"))
+    made = make_store(request.param, request, tmp_path)
     await made.put("big", DATA)
     await made.put("other", DATA)
     yield made

@@ -22,20 +22,26 @@ def make_s3_store(endpoint_url: str) -> S3ObjectStore:
     )
 
 
+def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """A "local" store in tmp_path, or an "s3" one on the moto server (for a fixture
+    parametrized over both)."""
+    if kind == "local":
+        return LocalObjectStore(str(tmp_path / "objects"))
+    return make_s3_store(request.getfixturevalue("moto_s3"))
+
+
 @pytest.fixture(params=["local", "s3", "injected-latency"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
     """Each object store implementation in turn (and the latency-injecting wrapper, which
     must keep the contract of the store it wraps)."""
-    if request.param == "local":
-        made: ObjectStore = LocalObjectStore(str(tmp_path / "objects"))
-    elif request.param == "injected-latency":
-        made = InjectedLatencyStore(
+    if request.param == "injected-latency":
+        made: ObjectStore = InjectedLatencyStore(
             LocalObjectStore(str(tmp_path / "objects")),
             put_delay=lambda: 0.001,
             get_delay=lambda: 0.001,
         )
     else:
-        made = make_s3_store(request.getfixturevalue("moto_s3"))
+        made = make_store(request.param, request, tmp_path)
     yield made
     await made.aclose()
 

@@ -13,9 +13,8 @@ import pytest
 
 from storage.hedge import HedgedPuts
 from storage.injected import InjectedLatencyStore
-from storage.local import LocalObjectStore
 from storage.objectstore import ObjectExistsError, ObjectStore
-from tests.storage.conftest import make_s3_store
+from tests.storage.conftest import make_store
 
 FAST = 0.002
 SLOW = 3.0
@@ -37,10 +36,7 @@ class Script:
 
 @pytest.fixture(params=["local", "s3"])
 async def inner(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
-    if request.param == "local":
-        made: ObjectStore = LocalObjectStore(str(tmp_path / "objects"))
-    else:
-        made = make_s3_store(request.getfixturevalue("moto_s3"))
+    made = make_store(request.param, request, tmp_path)
     yield made
     await made.aclose()
 
