@@ -29,6 +29,11 @@ consumer's partitions are seldom at the same point of their logs (they spread ov
 16 stretches), and a 64-partition catch-up on S3 that read such objects whole into a
 third of the cache pushed them out before most partitions had read their part. A disk
 the fill cannot write to (full, say) leaves the stretch reading the range as before.
+Once every partition read ahead lately has been read ahead past its part of such an
+object, the object is released: the disk makes room with released objects first, so
+that an object some partition still wants outlasts them (a consumer's partitions spread
+over up to 16 stretches: the objects between its first and its last partitions must all
+be kept for one GET each).
 
 A larger level-2 object is read in ranges through one open GET (an object store's
 `open_range_stream`, where it has one) that ends where the partition's run in the object
@@ -74,8 +79,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import anyio
@@ -129,6 +134,12 @@ class _Front:
     busy: bool = False  # a request is queued or being read
     seen: float = 0.0  # time.monotonic() of the last Fetch that noted the partition
     request: _Request | None = None  # the request queued or being read
+    # The ranges ((object key, start)) the last two stretches put into the cache, and
+    # where the last one ends: once a third is read from there on, the consumer is past
+    # the first two's first (the third is asked for half way through the second).
+    previous_ranges: list[tuple[str, int]] = field(default_factory=list)
+    last_ranges: list[tuple[str, int]] = field(default_factory=list)
+    last_until: int = -1
 
 
 _Range = tuple[str, int, int]  # object key, start, end
@@ -245,6 +256,9 @@ class ReadAhead:
             # their bytes), and ranges read from there rather than from the store.
             "disk_fills": 0,
             "disk_fill_bytes": 0,
+            "level0_fills": 0,  # of them, by the level of the object
+            "level1_fills": 0,
+            "level2_fills": 0,
             "disk_reads": 0,
             "disk_failures": 0,  # fills the disk refused (the first is logged as a warning)
         }
@@ -464,15 +478,17 @@ class ReadAhead:
         }
         if request is not None:
             request.until_offset = entries[-1].last_offset + 1
-        if front is not None:
-            front.next_offset = entries[-1].last_offset + 1
-            front.refill_at = _middle(entries)
         # (An object without a record is never read into the disk.)
         on_disk: set[str] = set() if disk is None else {k for k in records if k in disk}
+        pieces = _pieces(entries, records, stretch, run_ends, to_disk, on_disk)
+        if front is not None:
+            self._let_go(front, from_offset, entries[-1].last_offset + 1, pieces)
+            front.next_offset = entries[-1].last_offset + 1
+            front.refill_at = _middle(entries)
         batch: list[_Piece] = []  # marked as being read, not read yet
         batch_bytes = 0
         try:
-            for piece in _pieces(entries, records, stretch, run_ends, to_disk, on_disk):
+            for piece in pieces:
                 filling = self._filling.get(piece.object_key)
                 if filling is not None:  # another stretch reads the object into the disk
                     if batch:
@@ -525,8 +541,36 @@ class ReadAhead:
             if batch:
                 taken, batch = batch, []
                 await self._read_batch(taken, records, request)
+            if disk is not None:
+                self._release_passed(disk, records)
         finally:
             self._release(batch)  # given up unread (a failure, or cancelled)
+
+    def _let_go(
+        self, front: _Front, from_offset: int, until_offset: int, pieces: Sequence[_Piece]
+    ) -> None:
+        """A partition's next stretch is read: the ranges of the stretch before the last
+        go first from the memory cache, if this one goes on from the last (the consumer
+        read them; what it has not read yet of other partitions outlasts them: a
+        consumer's partitions spread over many stretches of their logs, and an LRU cache
+        kept what they read last and let go of what the slowest had still to read)."""
+        if from_offset >= front.last_until >= 0:
+            for object_key, start in front.previous_ranges:
+                self._cache.demote(object_key, start)
+        front.previous_ranges = front.last_ranges
+        front.last_ranges = [(p.object_key, p.start) for p in pieces if p.start is not None]
+        front.last_until = until_offset
+
+    def _release_passed(self, disk: DiskCache, object_keys: Iterable[str]) -> None:
+        """The objects of a stretch kept on the disk that no partition read ahead lately
+        wants any more (each was read ahead past its part of it, this stretch's partition
+        too): released, to make room before any object that some partition still wants
+        (a consumer's partitions spread over many stretches of their logs, and an object
+        read for the first of them must last until the last comes)."""
+        for object_key in object_keys:
+            by_partition = self._shares.get(object_key)
+            if by_partition is not None and object_key in disk and not self._wanted(by_partition):
+                disk.release(object_key)
 
     async def _read_batch(
         self, batch: list[_Piece], records: Mapping[str, ObjectRecord], request: _Request | None
@@ -641,6 +685,8 @@ class ReadAhead:
             self.stats[f"level{level}_bytes"] += len(data)
             if piece.stream_end is None and source != "disk":  # a GET of the store
                 self.stats[f"level{level}_reads"] += 1
+            if source == "fill":
+                self.stats[f"level{level}_fills"] += 1
 
     def in_flight(self, object_key: str, start: int, end: int) -> Flag | None:
         """The event of a read-ahead GET under way that brings bytes [start, end) of the

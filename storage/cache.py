@@ -173,6 +173,12 @@ class ObjectCache:
         assert not isinstance(held, Pieces)  # a range is read ahead, never pieces
         return memoryview(held)[start - found : stop]
 
+    def demote(self, key: str, start: int) -> None:
+        """The range of the object held from `start` is not wanted again soon (its
+        reader is past it): it goes first when room is wanted, unless read before that."""
+        if (key, start) in self._entries:
+            self._entries.move_to_end((key, start), last=False)
+
     def covers(self, key: str, start: int, end: int) -> bool:
         """Whether bytes [start, end) are held, whole or in one range (nothing counted)."""
         return key in self._entries or self._range_start(key, start, end) is not None

@@ -12,8 +12,10 @@ Rules:
 - Objects are immutable and their keys never used again: a file here never goes stale,
   and one whose object was deleted from the store still holds what a reader with an
   older index lookup wants.
-- Bounded by bytes, the least recently read file deleted first; an object larger than
-  an eighth of the bound is not kept.
+- Bounded by bytes: the objects released (no reader is known to want them any more,
+  `release`) are deleted first, the first released first; then the least recently read.
+  A read of a released object keeps it as any other again. An object larger than an
+  eighth of the bound is not kept.
 - A file is written under a temporary name and renamed when complete, so a reader never
   sees half of one; the files of a run before are deleted when the agent starts (what
   they hold is not known after a restart).
@@ -38,6 +40,7 @@ class DiskCache:
         self.directory = directory
         self.max_bytes = max_bytes
         self._files: OrderedDict[str, int] = OrderedDict()  # object key -> size, LRU first
+        self._released: OrderedDict[str, None] = OrderedDict()  # of _files, first released first
         self._held = 0
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {
@@ -46,6 +49,8 @@ class DiskCache:
             "reads": 0,
             "bytes_read": 0,
             "objects_evicted": 0,
+            "objects_released": 0,
+            "released_evicted": 0,  # of objects_evicted
         }
         os.makedirs(directory, exist_ok=True)
         for name in os.listdir(directory):  # only files named as this class names them
@@ -73,6 +78,7 @@ class DiskCache:
             if object_key not in self._files:
                 return None
             self._files.move_to_end(object_key)
+            self._released.pop(object_key, None)
         try:
             fd = os.open(self._path(object_key), os.O_RDONLY)
         except FileNotFoundError:  # deleted by another thread since
@@ -123,18 +129,32 @@ class DiskCache:
             self.stats["objects_kept"] += 1
             self.stats["bytes_kept"] += size
             while self._held > self.max_bytes:
-                old, old_size = self._files.popitem(last=False)
+                if self._released:
+                    old, _ = self._released.popitem(last=False)
+                    old_size = self._files.pop(old)
+                    self.stats["released_evicted"] += 1
+                else:
+                    old, old_size = self._files.popitem(last=False)
                 self._held -= old_size
                 self.stats["objects_evicted"] += 1
                 gone.append(old)
         for old in gone:
             self._unlink(old)
 
+    def release(self, object_key: str) -> None:
+        """No reader is known to want the object any more: it goes before the objects
+        not released when room is wanted (unless read again first)."""
+        with self._lock:
+            if object_key in self._files and object_key not in self._released:
+                self._released[object_key] = None
+                self.stats["objects_released"] += 1
+
     def discard(self, object_key: str) -> None:
         with self._lock:
             size = self._files.pop(object_key, None)
             if size is None:
                 return
+            self._released.pop(object_key, None)
             self._held -= size
         self._unlink(object_key)
 

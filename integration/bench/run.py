@@ -433,6 +433,7 @@ class Bucketlog(System):
                 "metadata",
                 "put_hedge",
                 "compaction",
+                "disk_cache",
             )
             for group in groups:
                 for k, v in body.get(group, {}).items():

@@ -434,8 +434,16 @@ def read_levels(read: dict[str, Any]) -> str:
             f" ({path['read_ahead.disk_fill_bytes'] / MB:.0f} MB; counted above as GETs of"
             f" their level), ranges read from it by read-ahead {path['read_ahead.disk_reads']}"
             f" and by Fetches {path.get('reader.disk_reads', 0)}, objects evicted"
-            f" {path.get('disk_cache.objects_evicted', 0)}."
+            f" {path.get('disk_cache.objects_evicted', 'not counted')}."
         )
+        if "read_ahead.level1_fills" in path:
+            disk += (
+                " Objects read into it by level: "
+                + ", ".join(
+                    f"level {level} {path[f'read_ahead.level{level}_fills']}" for level in (2, 1, 0)
+                )
+                + "."
+            )
     return (
         "GETs of the catch-up read by the level of what they read (read-ahead's, with the"
         f" bytes it read from each): {', '.join(parts)}; the Fetches' own"

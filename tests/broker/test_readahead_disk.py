@@ -5,6 +5,7 @@ after comes from there: on the local store and on S3 (moto)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -223,14 +224,75 @@ def test_the_disk_cache_is_bounded_least_recently_read_out(tmp_path: Path) -> No
     assert len([n for n in os.listdir(folder) if n != "keep.txt"]) == 7
 
 
-def test_the_disk_cache_defaults_by_store(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_released_objects_make_room_first_the_first_released_first(tmp_path: Path) -> None:
+    disk = DiskCache(str(tmp_path / "disk"), 80)
+    for name in "abcdefgh":
+        disk.put(name, name.encode() * 10)
+    disk.release("f")
+    disk.release("c")
+    disk.release("e")
+    assert disk.read("e", 0, 2) == b"ee"  # read again: kept as any other
+    disk.put("i", b"i" * 10)
+    assert "f" not in disk and "a" in disk and "c" in disk
+    disk.put("j", b"j" * 10)
+    assert "c" not in disk and "a" in disk and "e" in disk
+    disk.put("k", b"k" * 10)  # none released left: the least recently read
+    assert "a" not in disk and "e" in disk
+    disk.release("b")
+    disk.discard("b")  # released, then deleted: no longer in line
+    disk.put("l", b"l" * 10)
+    assert disk.held_bytes == 80 and "d" in disk
+    disk.put("m", b"m" * 10)
+    assert "d" not in disk and disk.held_bytes == 80
+    assert disk.stats["objects_released"] == 4 and disk.stats["released_evicted"] == 2
+    assert disk.stats["objects_evicted"] == 4
+
+
+async def test_an_object_every_partition_read_past_is_released_from_the_disk(
+    store: ObjectStore, caught_up: tuple[ReadAhead, DiskCache]
+) -> None:
+    """Kept for the partitions still to come; released once the last one read past it."""
+    ahead, disk = caught_up
+    for p in range(PARTITIONS - 1):
+        await ahead._read_stretch((TOPIC, p), 0, ahead._fronts[(TOPIC, p)])
+        assert ahead._fronts[(TOPIC, p)].next_offset == 10  # past the object
+        assert disk.stats["objects_released"] == 0, f"partition {PARTITIONS - 1} still to come"
+    # The last partition's stretch takes it past the object too.
+    last = (TOPIC, PARTITIONS - 1)
+    await ahead._read_stretch(last, 0, ahead._fronts[last])
+    assert disk.stats["objects_released"] == 1 and "big" in disk
+    assert list(disk._released) == ["big"]
+    # A partition read ahead lately that is not past it keeps it wanted.
+    disk.read("big", 0, 1)  # read again: no longer released
+    ahead._fronts[(TOPIC, 3)].next_offset = 5
+    ahead._release_passed(disk, ["big"])
+    assert not disk._released
+    # One no longer read ahead lately does not.
+    ahead._fronts[(TOPIC, 3)].seen -= 60
+    ahead._release_passed(disk, ["big"])
+    assert list(disk._released) == ["big"]
+
+
+def test_the_disk_cache_defaults_by_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("BUCKETLOG_DISK_CACHE_BYTES", raising=False)
 
     def config_of(*argv: str):  # type: ignore[no-untyped-def]
         return config_from_args(build_parser().parse_args(["serve", *argv]))
 
     assert config_of().resolved_disk_cache_bytes == 0
-    assert config_of("--storage", "s3://bucket/p").resolved_disk_cache_bytes == 1024**3
+    on_s3 = config_of("--storage", "s3://bucket/p", "--data-dir", str(tmp_path / "not-yet"))
+    seen = []
+
+    def usage(path: str) -> shutil._ntuple_diskusage:
+        seen.append(path)
+        return shutil._ntuple_diskusage(100 * 1024**3, 1024**3, free)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    free = 99 * 1024**3
+    assert on_s3.resolved_disk_cache_bytes == 4 * 1024**3
+    free = 2 * 1024**3  # a quarter of the room left on the disk, if less
+    assert on_s3.resolved_disk_cache_bytes == 1024**3 // 2
+    assert seen == [str(tmp_path)] * 2, "the nearest folder that exists"
     on_disk = config_of("--disk-cache-bytes", "1000", "--disk-cache-dir", "/somewhere")
     assert on_disk.resolved_disk_cache_bytes == 1000
     assert on_disk.resolved_disk_cache_dir == "/somewhere/agent-9092"

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from broker import readahead
-from broker.readahead import ReadAhead
+from broker.readahead import ReadAhead, _Front
 from metadata import keys
 from metadata.chunk_cache import ChunkCache
 from metadata.compaction import L1, L2
@@ -24,6 +24,7 @@ from storage.objectstore import ObjectStore
 from tests.storage.conftest import make_store
 
 MiB = 1024 * 1024
+HALF = MiB // 2
 SIZE = 6 * MiB
 DATA = os.urandom(SIZE)
 
@@ -147,6 +148,50 @@ async def test_a_partitions_range_of_a_large_object_of_many_is_one_plain_get(
         assert ahead.stats["level0_bytes"] == ahead.stats["level2_bytes"] == 0
         assert ahead.stats["streams_opened"] == 0 and not ahead._streams
         assert bytes(ahead._cache.slice("big", 2 * MiB, 3 * MiB) or b"") == DATA[2 * MiB : 3 * MiB]
+    finally:
+        await ahead.aclose()
+        kv.close()
+
+
+async def test_the_stretch_before_the_last_goes_first_from_the_cache_once_the_next_is_read(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A partition's third stretch is asked for half way through its second: its reader
+    is past the first, whose ranges go first when the cache wants room, before those that
+    other partitions' readers have still to read (and were put in earlier)."""
+    sub = keys.cluster_subspace("read-ahead-let-go")
+    topic = b"t" * 16
+    kv = SQLiteKV(str(tmp_path / "meta.db"))
+
+    def write(tr):  # type: ignore[no-untyped-def]
+        # "big" as one partition's level-1 object: twelve entries of 512 KiB, 10 offsets
+        # each.
+        put_object(tr, sub, "big", ObjectRecord(SIZE, 12, 0, None, L1))
+        for i in range(12):
+            entry = ChunkEntry("big", i * HALF, HALF, 10 * i, 10 * i + 9, 1, 0)
+            put_entry(tr, sub, topic, 0, entry)
+
+    kv.transact_sync(write)
+    ahead = ReadAhead(kv, sub, store, ObjectCache(24 * MiB), ChunkCache())
+    ahead._active, ahead._active_counted_at = 4, time.monotonic()  # 2 MiB stretches
+    front = ahead._fronts[(topic, 0)] = _Front(seen=time.monotonic())
+    cache = ahead._cache
+    try:
+        starts = []  # where each stretch starts, in the object and in offsets
+        for _ in range(3):
+            offset = max(front.next_offset, 0)
+            starts.append((offset // 10 * HALF, offset))
+            await ahead._read_stretch((topic, 0), starts[-1][1], front)
+            if len(starts) == 2:
+                cache.slice("big", 0, 10)  # its reader reads the first: the most recent
+                assert list(cache._entries) == [("big", starts[1][0]), ("big", 0)]
+        assert len(set(starts)) == 3, "three stretches of the object"
+        first, second, third = (("big", start) for start, _offset in starts)
+        assert list(cache._entries) == [first, second, third]
+        # A stretch that does not go on from the last (a reader gone back) lets go of none.
+        cache.slice(*second, second[1] + 10)
+        await ahead._read_stretch((topic, 0), 0, front)
+        assert list(cache._entries) == [first, third, second]
     finally:
         await ahead.aclose()
         kv.close()
