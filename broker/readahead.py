@@ -134,12 +134,11 @@ class _Front:
     busy: bool = False  # a request is queued or being read
     seen: float = 0.0  # time.monotonic() of the last Fetch that noted the partition
     request: _Request | None = None  # the request queued or being read
-    # The ranges ((object key, start)) the last two stretches put into the cache, and
-    # where the last one ends: once a third is read from there on, the consumer is past
-    # the first two's first (the third is asked for half way through the second).
+    # The ranges ((object key, start)) the last two stretches put into the cache: once a
+    # third is read on from `next_offset`, the consumer is past the first of them (the
+    # third is asked for half way through the second).
     previous_ranges: list[tuple[str, int]] = field(default_factory=list)
     last_ranges: list[tuple[str, int]] = field(default_factory=list)
-    last_until: int = -1
 
 
 _Range = tuple[str, int, int]  # object key, start, end
@@ -482,7 +481,7 @@ class ReadAhead:
         on_disk: set[str] = set() if disk is None else {k for k in records if k in disk}
         pieces = _pieces(entries, records, stretch, run_ends, to_disk, on_disk)
         if front is not None:
-            self._let_go(front, from_offset, entries[-1].last_offset + 1, pieces)
+            self._let_go(front, from_offset, pieces)
             front.next_offset = entries[-1].last_offset + 1
             front.refill_at = _middle(entries)
         batch: list[_Piece] = []  # marked as being read, not read yet
@@ -546,20 +545,18 @@ class ReadAhead:
         finally:
             self._release(batch)  # given up unread (a failure, or cancelled)
 
-    def _let_go(
-        self, front: _Front, from_offset: int, until_offset: int, pieces: Sequence[_Piece]
-    ) -> None:
-        """A partition's next stretch is read: the ranges of the stretch before the last
-        go first from the memory cache, if this one goes on from the last (the consumer
+    def _let_go(self, front: _Front, from_offset: int, pieces: Sequence[_Piece]) -> None:
+        """A partition's next stretch is read (before `front` moves on to its end): the
+        ranges of the stretch before the last go first from the memory cache, if this
+        one goes on from the last (the consumer
         read them; what it has not read yet of other partitions outlasts them: a
         consumer's partitions spread over many stretches of their logs, and an LRU cache
         kept what they read last and let go of what the slowest had still to read)."""
-        if from_offset >= front.last_until >= 0:
+        if from_offset >= front.next_offset >= 0:
             for object_key, start in front.previous_ranges:
                 self._cache.demote(object_key, start)
         front.previous_ranges = front.last_ranges
         front.last_ranges = [(p.object_key, p.start) for p in pieces if p.start is not None]
-        front.last_until = until_offset
 
     def _release_passed(self, disk: DiskCache, object_keys: Iterable[str]) -> None:
         """The objects of a stretch kept on the disk that no partition read ahead lately
@@ -569,8 +566,8 @@ class ReadAhead:
         read for the first of them must last until the last comes)."""
         for object_key in object_keys:
             by_partition = self._shares.get(object_key)
-            if by_partition is not None and object_key in disk and not self._wanted(by_partition):
-                disk.release(object_key)
+            if by_partition is not None and not self._wanted(by_partition):
+                disk.release(object_key)  # (a no-op for an object not kept there)
 
     async def _read_batch(
         self, batch: list[_Piece], records: Mapping[str, ObjectRecord], request: _Request | None

@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -283,9 +284,9 @@ def test_the_disk_cache_defaults_by_store(monkeypatch: pytest.MonkeyPatch, tmp_p
     on_s3 = config_of("--storage", "s3://bucket/p", "--data-dir", str(tmp_path / "not-yet"))
     seen = []
 
-    def usage(path: str) -> shutil._ntuple_diskusage:
+    def usage(path: str) -> SimpleNamespace:
         seen.append(path)
-        return shutil._ntuple_diskusage(100 * 1024**3, 1024**3, free)
+        return SimpleNamespace(free=free)
 
     monkeypatch.setattr(shutil, "disk_usage", usage)
     free = 99 * 1024**3
