@@ -398,9 +398,10 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     (
         "compaction-min-age-ms",
         _positive,
-        30_000,
+        None,
         "how old an ingest file must be before a job merges it (younger ones are read from"
-        " the cache by consumers near the head)",
+        " the cache by consumers near the head; default 30000 with a file:// store, 10000"
+        " with S3)",
     ),
     (
         "compaction-max-inputs",
@@ -439,6 +440,12 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         " 0: never",
     ),
     ("compaction-max-jobs", _positive, 1, "compaction jobs one agent runs at once"),
+    (
+        "compaction-reads-at-once",
+        _positive,
+        1,
+        "GETs of its inputs one compaction job has under way at once",
+    ),
     (
         "compaction-workers",
         _compaction_workers,
@@ -839,6 +846,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_entry_bytes=args.compaction_entry_bytes,
         compaction_promote_entry_bytes=args.compaction_promote_entry_bytes,
         compaction_max_jobs=args.compaction_max_jobs,
+        compaction_reads_at_once=args.compaction_reads_at_once,
         compaction_workers=args.compaction_workers,
         compaction_worker_nice=_worker_nice(args.compaction_workers, args.compaction_worker_nice),
         compaction_write_bytes_per_s=args.compaction_write_bytes_per_s or 0,

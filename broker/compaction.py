@@ -21,7 +21,8 @@ Rules:
   inside the transaction. Produce commits wait for the writer lock's longest holds, and
   a level-2 plan inside it held it up to 54 ms (integration/bench/README.md, 28th pass).
 - A job reads its input entries (whole objects this agent has in its cache, otherwise
-  ranged GETs, one per run of nearby entries of an object), builds one object in the
+  ranged GETs, one per run of nearby entries of an object, `reads_at_once` of them under
+  way at once), builds one object in the
   ingest-file format (one chunk per partition, the batches byte for byte in offset
   order), uploads it if-absent under "compacted/", and only then commits. Reading,
   building and uploading run in a worker process at a lower priority (broker.workers;
@@ -51,6 +52,7 @@ Rules:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -102,6 +104,7 @@ class CompactionSettings:
     entry_bytes: int = 256 * 1024
     promote_entry_bytes: int = 128 * 1024  # 0: never (metadata.compaction.promote_l1)
     max_jobs: int = 1
+    reads_at_once: int = 1  # a job's GETs under way at once
     workers: str = "thread"  # or "process": the agent's pool (given to Compaction)
     lease_ms: int = 120_000
     retention_span_percent: int = 10
@@ -203,6 +206,24 @@ def _batches(entry: ChunkEntry, data: memoryview) -> list[memoryview]:
     return batches
 
 
+def _get_all(
+    store: ObjectStore, spans: list[tuple[str, int, int]], at_once: int
+) -> tuple[list[memoryview], float]:
+    """The spans' bytes, in their order, read `at_once` at a time; and the CPU seconds
+    of the threads that read them other than the caller's."""
+    if at_once <= 1 or len(spans) <= 1:
+        return [store.get_view_sync(key, start, end) for key, start, end in spans], 0.0
+
+    def get(span: tuple[str, int, int]) -> tuple[memoryview, float]:
+        started = time.thread_time()
+        data = store.get_view_sync(*span)
+        return data, time.thread_time() - started
+
+    with concurrent.futures.ThreadPoolExecutor(min(at_once, len(spans))) as pool:
+        got = list(pool.map(get, spans))
+    return [data for data, _cpu in got], sum(cpu for _data, cpu in got)
+
+
 def _picklable(data: bytes | memoryview) -> bytes:
     """The bytes of a cached object, without a copy where it is a view of bytes whole
     (an S3 store's get_view)."""
@@ -220,15 +241,18 @@ def build_output(
     cached: Mapping[str, bytes | memoryview],
     output_key: str,
     paced: bool = True,
+    reads_at_once: int = 1,
 ) -> _Built:
-    """Read the plan's entries, write its output object (`paced`: no faster than the
-    store's pace for large writes, if it has one); in a worker thread or process."""
+    """Read the plan's entries, `reads_at_once` GETs at a time, and write its output
+    object (`paced`: no faster than the store's pace for large writes, if it has one); in
+    a worker thread or process."""
     started = time.thread_time()
     by_object: dict[str, list[ChunkEntry]] = {}
     for e in plan.entries:
         by_object.setdefault(e.entry.object_key, []).append(e.entry)
     pieces: dict[tuple[str, int], memoryview] = {}  # (object, entry start) -> its bytes
     bytes_read = bytes_cached = 0
+    spans: list[tuple[str, int, int]] = []
     for object_key, entries in by_object.items():
         whole = cached.get(object_key)
         if whole is not None:
@@ -238,13 +262,16 @@ def build_output(
                 ]
                 bytes_cached += entry.length
             continue
-        for start, end in _read_spans(entries):
-            span = store.get_view_sync(object_key, start, end)
-            bytes_read += len(span)
-            for entry in entries:
-                if start <= entry.start < end:
-                    at = entry.start - start
-                    pieces[(object_key, entry.start)] = span[at : at + entry.length]
+        spans += ((object_key, start, end) for start, end in _read_spans(entries))
+    # The job holds every piece until its output is written either way: reading several
+    # at once holds no more, and waits one GET's latency per `reads_at_once` spans.
+    views, readers_cpu = _get_all(store, spans, reads_at_once)
+    for (object_key, start, end), span in zip(spans, views, strict=True):
+        bytes_read += len(span)
+        for entry in by_object[object_key]:
+            if start <= entry.start < end:
+                at = entry.start - start
+                pieces[(object_key, entry.start)] = span[at : at + entry.length]
     chunks = []
     for topic_id, partition, entries in plan.partitions():
         batches: list[bytes | memoryview] = []
@@ -264,7 +291,7 @@ def build_output(
         [loc.start for loc in locations],
         bytes_read,
         bytes_cached,
-        time.thread_time() - started,
+        time.thread_time() - started + readers_cpu,
     )
 
 
@@ -476,11 +503,15 @@ class Compaction:
                 cached = {}
             else:  # sent to the worker process: a view is not picklable, bytes are
                 cached = {key: _picklable(data) for key, data in cached.items()}
-            built, spent = await self._pool.run(build_output, plan, cached, output_key, paced)
+            built, spent = await self._pool.run(
+                build_output, plan, cached, output_key, paced, s.reads_at_once
+            )
             add_spent(agent.store, spent)
         else:
             built = await anyio.to_thread.run_sync(
-                partial(build_output, agent.store, plan, cached, output_key, paced),
+                partial(
+                    build_output, agent.store, plan, cached, output_key, paced, s.reads_at_once
+                ),
                 limiter=self._threads,
             )
         self.stats.bytes_read += built.bytes_read

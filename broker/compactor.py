@@ -74,7 +74,7 @@ def compaction_settings(config: BrokerConfig, *, apart: bool = False) -> Compact
     return CompactionSettings(
         enabled=config.compaction,
         interval_ms=config.compaction_interval_ms,
-        min_age_ms=config.compaction_min_age_ms,
+        min_age_ms=config.resolved_compaction_min_age_ms,
         unpaced_after_ms=(
             config.compaction_unpaced_after_ms if config.compaction_write_bytes_per_s else None
         ),
@@ -84,6 +84,7 @@ def compaction_settings(config: BrokerConfig, *, apart: bool = False) -> Compact
         entry_bytes=config.compaction_entry_bytes,
         promote_entry_bytes=config.compaction_promote_entry_bytes,
         max_jobs=config.compaction_max_jobs,
+        reads_at_once=config.compaction_reads_at_once,
         workers=config.compaction_workers,
         lease_ms=config.compaction_lease_ms,
         retention_span_percent=config.compaction_retention_span_percent,

@@ -104,13 +104,14 @@ class BrokerConfig:
     # Compaction of small objects into large ones (broker.compaction).
     compaction: bool = True
     compaction_interval_ms: int = 5_000
-    compaction_min_age_ms: int = 30_000
+    compaction_min_age_ms: int | None = None  # None: resolved by the store
     compaction_max_inputs: int = 32
     compaction_max_job_bytes: int = 64 * 1024 * 1024
     compaction_max_entries: int = 2_000
     compaction_entry_bytes: int = 256 * 1024
     compaction_promote_entry_bytes: int = 128 * 1024  # 0: never
     compaction_max_jobs: int = 1
+    compaction_reads_at_once: int = 1
     compaction_workers: str = "process"  # or "thread"
     compaction_worker_nice: int = 10
     # Compaction in a process of its own beside the agent (broker.compactor); None: with
@@ -304,6 +305,16 @@ class BrokerConfig:
             return self.flush_interval_ms
         # A local folder costs nothing per write; every S3 PUT costs money.
         return 2 if self.is_local_store else 250
+
+    @property
+    def resolved_compaction_min_age_ms(self) -> int:
+        if self.compaction_min_age_ms is not None:
+            return self.compaction_min_age_ms
+        # Every byte waits this long in level 0 before level 1 takes it: with S3 30 s of
+        # ingest files were a tenth of a 5-minute retention's bytes in the store
+        # (integration/bench/README.md, 52nd pass). A local folder keeps 30 s: consumers
+        # near the head read younger files from the writer's cache.
+        return 30_000 if self.is_local_store else 10_000
 
     @property
     def resolved_disk_cache_bytes(self) -> int:

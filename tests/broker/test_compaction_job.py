@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import uuid
 from functools import partial
 from pathlib import Path
@@ -110,6 +111,32 @@ def test_the_output_holds_each_partitions_batches_byte_for_byte_in_offset_order(
     assert _values(output[entry.start : entry.start + entry.length]) == [b"a0", b"a1", b"a2", b"a3"]
     (entry,) = read[1]
     assert _values(output[entry.start : entry.start + entry.length]) == [b"x0", b"x1"]
+
+
+def test_a_job_has_its_reads_under_way_at_once_and_builds_the_same_object(setup):
+    kv, store, topic = setup
+    for i in range(4):  # four objects: one GET each
+        _ingest(kv, store, topic, f"ingest/{i}", {0: [[b"a%d" % i]], 1: [[b"x%d" % i] * 3]})
+    plan = _plan(kv)
+    one_by_one = build_output(store, plan, {}, "compacted/one")
+
+    class Together:
+        """The store, whose GETs answer only once four are under way together."""
+
+        def __init__(self) -> None:
+            self.all_there = threading.Barrier(4, timeout=10)
+
+        def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+            self.all_there.wait()  # BrokenBarrierError after 10 s: read one at a time
+            return store.get_view_sync(key, start, end)
+
+        def put_parts_sync(self, key, parts, *, if_absent=False) -> None:
+            store.put_parts_sync(key, parts, if_absent=if_absent)
+
+    together = build_output(Together(), plan, {}, "compacted/together", reads_at_once=4)
+    assert together.bytes_read == one_by_one.bytes_read
+    assert together.chunk_starts == one_by_one.chunk_starts
+    assert store.get_sync("compacted/together") == store.get_sync("compacted/one")
 
 
 def test_an_entry_whose_bytes_do_not_hold_its_offsets_fails_the_job(setup):
@@ -257,6 +284,29 @@ def test_the_promotion_size_reaches_the_plans_and_zero_turns_it_off(tmp_path, mo
     assert compaction_settings(config).limits.promote_bytes == 4096
     with pytest.raises(SystemExit):
         _config("--compaction-promote-entry-bytes", "-1")
+
+
+def test_ingest_files_age_by_the_store_and_jobs_read_as_told(tmp_path, monkeypatch):
+    """With S3 ingest files wait 10 s for level 1, with a local folder 30 s; a job has
+    one GET under way; the flags and their variables say otherwise."""
+    from broker.compactor import compaction_settings
+    from tests.broker.test_workers import _config
+
+    for name in ("MIN_AGE_MS", "READS_AT_ONCE"):
+        monkeypatch.delenv(f"BUCKETLOG_COMPACTION_{name}", raising=False)
+    local = compaction_settings(_config("--data-dir", str(tmp_path)))
+    assert (local.min_age_ms, local.reads_at_once) == (30_000, 1)
+    s3 = ("--data-dir", str(tmp_path), "--storage", "s3://bucket/p")
+    remote = compaction_settings(_config(*s3))
+    assert (remote.min_age_ms, remote.reads_at_once) == (10_000, 1)
+    told = compaction_settings(
+        _config(*s3, "--compaction-min-age-ms", "20000", "--compaction-reads-at-once", "2")
+    )
+    assert (told.min_age_ms, told.reads_at_once) == (20_000, 2)
+    monkeypatch.setenv("BUCKETLOG_COMPACTION_READS_AT_ONCE", "3")
+    assert compaction_settings(_config("--data-dir", str(tmp_path))).reads_at_once == 3
+    with pytest.raises(SystemExit):
+        _config("--compaction-reads-at-once", "0")
 
 
 def test_a_cached_object_goes_to_a_worker_process_as_bytes_without_a_copy() -> None:
