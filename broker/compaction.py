@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Mapping
@@ -210,13 +211,15 @@ def _get_all(
     store: ObjectStore, spans: list[tuple[str, int, int]], at_once: int
 ) -> tuple[list[memoryview], float]:
     """The spans' bytes, in their order, read `at_once` at a time; and the CPU seconds
-    of the threads that read them other than the caller's."""
+    of the threads that read them other than the caller's. Each GET runs in a copy of
+    the caller's context, as the caller's own would (broker.costs' charges)."""
     if at_once <= 1 or len(spans) <= 1:
         return [store.get_view_sync(key, start, end) for key, start, end in spans], 0.0
+    context = contextvars.copy_context()
 
     def get(span: tuple[str, int, int]) -> tuple[memoryview, float]:
         started = time.thread_time()
-        data = store.get_view_sync(*span)
+        data = context.copy().run(store.get_view_sync, *span)
         return data, time.thread_time() - started
 
     with concurrent.futures.ThreadPoolExecutor(min(at_once, len(spans))) as pool:

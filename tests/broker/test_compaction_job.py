@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from broker import compaction as compaction_module
+from broker import costs
 from broker.compaction import Compaction, CompactionSettings, _picklable, build_output
 from metadata import compaction, keys, log, topics
 from metadata.sqlite_kv import SQLiteKV
@@ -125,15 +126,20 @@ def test_a_job_has_its_reads_under_way_at_once_and_builds_the_same_object(setup)
 
         def __init__(self) -> None:
             self.all_there = threading.Barrier(4, timeout=10)
+            self.charged: list[object] = []
 
         def get_view_sync(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
             self.all_there.wait()  # BrokenBarrierError after 10 s: read one at a time
+            self.charged.append(costs._charged_now())
             return store.get_view_sync(key, start, end)
 
         def put_parts_sync(self, key, parts, *, if_absent=False) -> None:
             store.put_parts_sync(key, parts, if_absent=if_absent)
 
-    together = build_output(Together(), plan, {}, "compacted/together", reads_at_once=4)
+    reader = Together()
+    with costs.charge(lambda: {"t": 1.0}):  # the caller's context reaches every GET
+        together = build_output(reader, plan, {}, "compacted/together", reads_at_once=4)
+    assert reader.charged == [{"t": 1.0}] * 4
     assert together.bytes_read == one_by_one.bytes_read
     assert together.chunk_starts == one_by_one.chunk_starts
     assert store.get_sync("compacted/together") == store.get_sync("compacted/one")
