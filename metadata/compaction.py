@@ -576,11 +576,12 @@ def _plan_l2_in(
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
-        run = _first_run(
+        found = _first_run(
             tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span, records
         )
-        if run is None:
+        if found is None:
             continue
+        row, run = found  # the row less the runs passed over before the run
         group = [(row_key, row, topic_id, partition, run)]
         for next_key, next_value in rows[index + 1 :]:
             joined = _joining(
@@ -623,9 +624,10 @@ def _first_run(
     wait_ms: int,
     span: int | None,
     records: dict[str, ObjectRecord | None],
-) -> _Run | None:
-    """The due partition's first run of two objects at least; None when it has none now
-    (runs inside one object are passed over, and the row is brought up to date)."""
+) -> tuple[_L1Row, _Run] | None:
+    """The due partition's first run of two objects at least, with its row less the runs
+    inside one object passed over before it (for good); None when it has none now. The
+    row is brought up to date either way."""
     offset = row.first_offset
     for _ in range(PASSED_OVER):
         run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span, records)
@@ -634,7 +636,7 @@ def _first_run(
             return None
         first = run.entries[0]
         if len({e.object_key for e in run.entries}) >= 2:
-            return run
+            return row, run
         run_bytes = sum(e.length for e in run.entries)
         oldest = max(row.oldest_ms, run.last_created_ms)
         if not run.ended:

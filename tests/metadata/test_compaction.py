@@ -589,6 +589,25 @@ def test_a_level_two_run_covers_at_most_the_topics_span(kv):
     assert _l1_rows(kv)[0] == (200, 1, 2, -1, 0, NOW)
 
 
+def test_a_claim_keeps_what_the_plan_passed_over_out_of_the_row(kv):
+    """p0's level-1 entries: x (timestamp 10) alone, cut off by the span, then y and z: the
+    plan passes x over and claims y and z, and the row it claims no longer counts x's
+    bytes and object (nor does it once the job is done)."""
+    topic = _topic(kv, partitions=1)
+    for name, ts in (("x", 10), ("y", 100_000), ("z", 100_000)):
+        for half in "12":
+            _append(kv, topic, f"{name}{half}", {0: [(1, ts)]})
+        plan = _plan_l1(kv)
+        assert plan is not None and _commit(kv, plan, name).committed
+    assert _l1_rows(kv)[0][:3] == (600, 3, 0)
+    plan = _plan_l2(kv, wait=0, spans={topic.topic_id: 1_000})
+    assert plan is not None and plan.input_keys == ["y", "z"]
+    assert _l1_rows(kv)[0] == (400, 2, 2, 1, NOW + LEASE, NOW)
+    assert _commit(kv, plan, "w").committed
+    assert _l1_rows(kv) == {}
+    assert _entries(kv, topic, 0) == [("x", 0, 1), ("w", 2, 5)]
+
+
 def _level_one_objects(kv: KV, count: int, created=lambda i: NOW) -> topics.Topic:
     """`count` level-1 objects l00, l01, ... of one partition, each merged at created(i)
     from two ingest files of a 100-byte batch: 200 bytes and one entry each."""
