@@ -134,6 +134,7 @@ class Agent:
             meter=self.meter,
             topic_name=self.topic_name_of,
             chunks=self.chunks,
+            disk=self.disk_cache,
         )
         self.journal = JournalPipeline(
             kv,

@@ -306,8 +306,9 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
         _non_negative,
         None,
         "disk for objects of many partitions that a catch-up read reads whole once, for"
-        " all of them; 0: none (default with S3: 4 GiB, or a quarter of its disk's free"
-        " room if less; 0 with the local store)",
+        " all of them, for the files the agent flushes, and for level-2 compaction's inputs;"
+        " 0: none (default with S3: 4 GiB, or a quarter of its disk's free room if less; 0"
+        " with the local store)",
     ),
     (
         "disk-cache-dir",

@@ -23,6 +23,12 @@ hand-over to a thread and back instead of two; on the local store at a modest ra
 is nearly every flush), and the committer waits for it before it commits the flushes
 after it. Answers and failures are the same either way.
 
+With a disk cache (storage.disk_cache; S3's default) every committed flush's file is
+also written there once its batches are answered, among the first objects to go when
+room is wanted: level-1 compaction, which takes files of the last 10-20 s, and readers
+of them find them on this disk once the memory cache has let them go, rather than
+GETting them from the store again (integration/bench/README.md, 54th pass).
+
 The one exception is a test-only fault point (`broker.faults`): armed with
 `BUCKETLOG_FAULT_POINTS=ingest.ack_without_commit@n`, the n-th batch of a producer
 without idempotence is answered with success and an offset (the partition's high
@@ -52,6 +58,7 @@ from metadata.kv import KV
 from metadata.log import AppendResult, ChunkEntry, PendingBatch, commit_ingest, get_partition
 from protocol.records import RecordBatchView
 from storage.cache import ObjectCache, Pieces
+from storage.disk_cache import DiskCache
 from storage.hedge import HedgedPuts
 from storage.ingest import INGEST_PREFIX, ChunkLocation, encode_ingest_parts
 from storage.objectstore import ObjectStore
@@ -108,6 +115,16 @@ class PipelineStats:
     own_commits: int = 0  # flushes committed in their upload's thread (of `commits`)
 
 
+def _keep_on_disk(disk: DiskCache, flush: _Flush) -> None:
+    """A committed flush's file into the disk cache, released: first to go for room."""
+    try:
+        disk.fill(flush.key, flush.size, iter(flush.parts))
+    except OSError as exc:  # a full disk: the file stays in the store only
+        logger.debug("the disk cache could not keep %s: %s", flush.key, exc)
+        return
+    disk.release(flush.key)
+
+
 class IngestPipeline:
     def __init__(
         self,
@@ -127,8 +144,10 @@ class IngestPipeline:
         topic_name: Callable[[bytes], str] = bytes.hex,
         clock: Callable[[], float] = time.time,
         chunks: ChunkCache | None = None,
+        disk: DiskCache | None = None,
     ) -> None:
         self._kv = kv
+        self._disk = disk
         # The Fetch's cache of chunk entries: what a commit writes joins the runs held.
         self._chunks = chunks
         self._hedge = hedge
@@ -291,6 +310,9 @@ class IngestPipeline:
             self.meter.flush_end_to_end.observe(time.monotonic() - flush.started_at)
         for key in touched:
             self._notifier.notify(key)
+        if self._disk is not None and flush is not None:
+            if any(result.error == ErrorCode.none for result in results):  # committed
+                await anyio.to_thread.run_sync(_keep_on_disk, self._disk, flush)
 
     def _weights(self, items: list[_Queued]) -> dict[str, float]:
         """The bytes of each topic in a flush: its share of the upload (broker.costs)."""

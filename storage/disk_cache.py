@@ -20,6 +20,12 @@ Rules:
   sees half of one; the files of a run before are deleted when the agent starts (what
   they hold is not known after a restart).
 - Thread-safe: written and read by read-ahead's worker threads and the Fetches'.
+- The agent's flushes keep their files here too, released (broker.ingest). Compaction's
+  jobs read their inputs' files here (`path_of`); level-2 jobs write the inputs they
+  GET whole into this folder under a temporary name (`temporary_path`, from a worker
+  process too), which the agent then keeps (`adopt`): the jobs of the other partitions
+  of such an object read it from here rather than with a GET each.
+- Every file is written out to the disk (`written_out`) before it is kept.
 """
 
 from __future__ import annotations
@@ -31,8 +37,28 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import BinaryIO
 
 _OWN = re.compile(r"[0-9a-f]{40}(\.[0-9]+\.tmp)?")
+
+
+def temporary_path(directory: str, object_key: str) -> str:
+    """Where a writer (a thread of any process) writes an object before it is kept."""
+    writer = f"{os.getpid()}{threading.get_ident()}"
+    return f"{os.path.join(directory, _file_name(object_key))}.{writer}.tmp"
+
+
+def written_out(f: BinaryIO) -> None:
+    """The file's bytes on the disk before it is kept. The folder takes the agent's
+    flushes and compaction's inputs at the produce rate: left to the kernel, their dirty
+    pages went out seconds at a time, and the metadata store's commits on the same disk
+    (SQLite's fsync) waited behind them (integration/bench/README.md, 54th pass)."""
+    f.flush()
+    os.fdatasync(f.fileno())
+
+
+def _file_name(object_key: str) -> str:
+    return hashlib.sha1(object_key.encode()).hexdigest()
 
 
 class DiskCache:
@@ -70,7 +96,17 @@ class DiskCache:
         return 0 < size <= self.max_bytes // 8
 
     def _path(self, object_key: str) -> str:
-        return os.path.join(self.directory, hashlib.sha1(object_key.encode()).hexdigest())
+        return os.path.join(self.directory, _file_name(object_key))
+
+    def path_of(self, object_key: str) -> str | None:
+        """The file holding the whole object (read as a read of it: least recently read
+        last), or None. It may be deleted before the caller opens it (room wanted)."""
+        with self._lock:
+            if object_key not in self._files:
+                return None
+            self._files.move_to_end(object_key)
+            self._released.pop(object_key, None)
+        return self._path(object_key)
 
     def read(self, object_key: str, start: int, end: int) -> bytes | None:
         """Bytes [start, end) of the object; None when it is not kept here."""
@@ -105,21 +141,33 @@ class DiskCache:
         kept."""
         if not self.fits(size) or object_key in self:
             return
-        path = self._path(object_key)
-        temporary = f"{path}.{threading.get_ident()}.tmp"
+        temporary = temporary_path(self.directory, object_key)
         try:
             written = 0
             with open(temporary, "wb") as f:
                 for piece in pieces:
                     f.write(piece)
                     written += len(piece)
+                written_out(f)
             if written != size:
                 raise OSError(f"{object_key}: {written} bytes read of {size}")
-            os.replace(temporary, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
             raise
+        self.adopt(object_key, temporary, size)
+
+    def adopt(self, object_key: str, temporary: str, size: int) -> None:
+        """Keep the whole object a writer put in `temporary` (`temporary_path`), of
+        `size` bytes; the file is deleted instead if it does not fit, is not of that
+        size, or the object is kept already."""
+        try:
+            if not self.fits(size) or object_key in self or os.stat(temporary).st_size != size:
+                os.unlink(temporary)
+                return
+            os.replace(temporary, self._path(object_key))
+        except FileNotFoundError:
+            return
         gone: list[str] = []
         with self._lock:
             if object_key in self._files:  # kept by another thread meanwhile

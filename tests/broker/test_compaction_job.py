@@ -15,12 +15,13 @@ import pytest
 
 from broker import compaction as compaction_module
 from broker import costs
-from broker.compaction import Compaction, CompactionSettings, _picklable, build_output
+from broker.compaction import Compaction, CompactionSettings, Spool, _picklable, build_output
 from metadata import compaction, keys, log, topics
 from metadata.sqlite_kv import SQLiteKV
 from protocol.records import build_batch, iter_batches
 from storage import local
 from storage.cache import ObjectCache
+from storage.disk_cache import DiskCache
 from storage.ingest import decode_footer, encode_ingest_file
 from storage.local import LocalObjectStore
 
@@ -174,6 +175,7 @@ class _Agent:
     sub: keys.Subspace = SUB
     node_id: int = 1
     cache: ObjectCache = dataclasses.field(default_factory=lambda: ObjectCache(1 << 20))
+    disk_cache: DiskCache | None = None
 
     def topic_config(self, topic: topics.Topic, name: str) -> str:
         return {"cleanup.policy": "delete", "retention.ms": "-1"}[name]
@@ -366,3 +368,144 @@ async def test_outputs_keep_the_stores_pace_until_compaction_falls_behind(setup,
     unpaced_store = Compaction(_Agent(kv, store), CompactionSettings())
     assert unpaced_store._paced(behind, now_ms=60_002) and unpaced_store._paced(level_two)
     assert unpaced_store.stats.unpaced_jobs == 0
+
+
+async def _level_one_files(kv, store, topic, count: int) -> list[str]:
+    """`count` ingest files of both partitions, entered in level 1 as they are."""
+    keys_ = [f"ingest/{i}" for i in range(count)]
+    for i, key in enumerate(keys_):
+        _ingest(kv, store, topic, key, {0: [[b"a%d" % i] * 20], 1: [[b"b%d" % i] * 20]})
+    promoting = Compaction(
+        _Agent(kv, store), CompactionSettings(min_age_ms=1, promote_entry_bytes=1)
+    )
+    await promoting.run_pass()
+    assert promoting.stats.l1_promoted == count
+    return keys_
+
+
+async def _one_partition_a_job(setup, tmp_path, disk: DiskCache | None) -> tuple[Compaction, int]:
+    """Level 2 over four promoted files of two partitions, a job per partition; the GETs."""
+    kv, store, topic = setup
+    await _level_one_files(kv, store, topic, 4)
+    run = sum(
+        e.length
+        for e in kv.transact_sync(lambda tr: log.read_chunks(tr, SUB, topic.topic_id, 0, 0))
+    )
+    await anyio.sleep(0.01)
+    settings = CompactionSettings(
+        min_age_ms=1, l2_max_wait_ms=5, max_job_bytes=run + run // 2, promote_entry_bytes=1
+    )
+    job = Compaction(_Agent(kv, store, disk_cache=disk), settings)
+    gets = store.stats["gets"]
+    assert await job.run_pass() == 2
+    gets = store.stats["gets"] - gets
+    assert job.stats.l2_jobs == 2
+    for p, prefix in ((0, b"a"), (1, b"b")):
+        entries = kv.transact_sync(
+            partial(log.read_chunks, sub=SUB, topic_id=topic.topic_id, partition=p, from_offset=0)
+        )
+        assert [e.object_key.split("/")[0] for e in entries] == ["compacted"]
+        (e,) = entries
+        got = _values(store.get_sync(e.object_key)[e.start : e.start + e.length])
+        assert got == [prefix + b"%d" % i for i in range(4) for _ in range(20)]
+    return job, gets
+
+
+async def test_level_two_jobs_read_each_input_once_through_the_disk_cache(setup, tmp_path):
+    """The first partition's job GETs each input whole into the disk cache; the second's
+    reads them there: four GETs for two jobs over four files, not eight."""
+    disk = DiskCache(str(tmp_path / "disk"), 1 << 20)
+    job, gets = await _one_partition_a_job(setup, tmp_path, disk)
+    assert gets == 4
+    assert job.stats.bytes_from_disk > 0
+    assert disk.stats["objects_kept"] == 4
+    assert [n for n in os.listdir(tmp_path / "disk") if n.endswith(".tmp")] == []
+
+
+async def test_without_a_disk_cache_each_level_two_job_gets_its_ranges(setup, tmp_path):
+    job, gets = await _one_partition_a_job(setup, tmp_path, None)
+    assert gets == 8
+    assert job.stats.bytes_from_disk == 0
+
+
+def _l2_plan(kv, topic) -> compaction.Plan:
+    plan = kv.transact_sync(
+        lambda tr: compaction.plan_l2(
+            tr, SUB, 1, compaction_module._now_ms() + 1000, compaction.Limits(), 1000, max_wait_ms=0
+        )
+    )
+    assert plan is not None and plan.level == compaction.L2
+    return plan
+
+
+async def test_an_input_gone_from_the_disk_is_read_with_a_get(setup, tmp_path):
+    kv, store, topic = setup
+    keys_ = await _level_one_files(kv, store, topic, 2)
+    plan = _l2_plan(kv, topic)
+    kept = {key: str(tmp_path / f"gone-{i}") for i, key in enumerate(keys_)}  # no such files
+    gets = store.stats["gets"]
+    spool = Spool(kept, str(tmp_path), 1 << 20)
+    built = build_output(store, plan, {}, "compacted/x", spool=spool)
+    assert store.stats["gets"] - gets == 2  # a range each
+    assert (built.bytes_from_disk, built.spooled) == (0, ())
+    assert build_output(store, plan, {}, "compacted/y").chunk_starts == built.chunk_starts
+    assert store.get_sync("compacted/x") == store.get_sync("compacted/y")
+
+
+async def test_a_failed_job_leaves_no_file_for_the_disk(setup, tmp_path):
+    kv, store, topic = setup
+    await _level_one_files(kv, store, topic, 2)
+    plan = _l2_plan(kv, topic)
+    wrong = dataclasses.replace(plan.entries[-1].entry, batch_count=2)  # it holds one
+    bad = dataclasses.replace(
+        plan, entries=(*plan.entries[:-1], dataclasses.replace(plan.entries[-1], entry=wrong))
+    )
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="not the entry's"):
+        build_output(store, bad, {}, "compacted/x", spool=Spool({}, str(folder), 1 << 20))
+    assert os.listdir(folder) == []
+    # Too large for the disk cache: read, used, and not offered to it.
+    built = build_output(store, plan, {}, "compacted/y", spool=Spool({}, str(folder), 10))
+    assert built.spooled == () and os.listdir(folder) == []
+    assert built.bytes_read == sum(len(store.get_sync(k)) for k in plan.input_keys)
+
+
+async def test_level_one_reads_the_files_the_disk_holds_and_gets_the_others_as_before(
+    setup, tmp_path
+):
+    """Ingest files the flushes left in the disk cache are read there; the others with a
+    GET of their range each, as without a disk cache, and not put into it."""
+    kv, store, topic = setup
+    for key in "abcd":
+        _ingest(
+            kv, store, topic, f"ingest/{key}", {0: [[key.encode()]], 1: [[key.upper().encode()]]}
+        )
+    disk = DiskCache(str(tmp_path / "disk"), 1 << 20)
+    for key in ("ingest/a", "ingest/b"):
+        disk.put(key, store.get_sync(key))
+    on_disk = [
+        e.length
+        for p in (0, 1)
+        for e in kv.transact_sync(lambda tr, p=p: log.read_chunks(tr, SUB, topic.topic_id, p, 0))
+        if e.object_key in ("ingest/a", "ingest/b")
+    ]
+    assert len(on_disk) == 4
+    gets = store.stats["gets"]
+    settings = CompactionSettings(max_inputs=4, min_age_ms=1, promote_entry_bytes=0)
+    job = Compaction(_Agent(kv, store, disk_cache=disk), settings)
+    assert await job.run_pass() == 1
+    assert job.stats.l1_jobs == 1
+    assert store.stats["gets"] - gets == 2
+    assert sum(on_disk) <= job.stats.bytes_from_disk <= disk.held_bytes
+    assert disk.stats["objects_kept"] == 2
+    for p, values in ((0, b"abcd"), (1, b"ABCD")):
+        entries = kv.transact_sync(
+            partial(log.read_chunks, sub=SUB, topic_id=topic.topic_id, partition=p, from_offset=0)
+        )
+        got = [
+            v
+            for e in entries
+            for v in _values(store.get_sync(e.object_key)[e.start : e.start + e.length])
+        ]
+        assert got == [bytes([c]) for c in values]

@@ -27,6 +27,7 @@ from metadata.log import AppendResult
 from metadata.sqlite_kv import SQLiteKV
 from protocol.records import build_batch, iter_batches, iter_records
 from storage.cache import ObjectCache
+from storage.disk_cache import DiskCache
 from storage.local import LocalObjectStore
 from storage.objectstore import ObjectStoreError
 
@@ -450,3 +451,41 @@ async def test_a_flush_next_in_order_commits_in_its_upload_thread_and_the_next_w
     assert kv.threads[0] == "upload worker"
     assert kv.threads[1] != "upload worker"
     assert setup.values(0) == [b"first-0", b"second-0", b"third-0"]
+
+
+async def test_a_committed_flush_is_kept_on_the_disk_first_to_go_and_a_failed_one_is_not(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """With a disk cache each committed flush's file is written there (released: the
+    first to go when room is wanted); a flush that failed leaves nothing there."""
+    disk = DiskCache(str(tmp_path / "disk"), 64 << 20)
+
+    def fail_second(n: int) -> None:
+        if n == 2:
+            raise ObjectStoreError("disk full")
+
+    setup.store.before_put = fail_second
+    pipeline = setup.pipeline(flush_interval_ms=1, disk=disk)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        results = []
+        for i in range(3):  # one flush each
+            results += await append_all(pipeline, setup.topic.topic_id, [(0, b"x%d" % i)])
+        with anyio.fail_after(5):
+            while disk.stats["objects_kept"] < 2:  # noqa: ASYNC110 -- kept by a thread
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert [r.error for r in results] == [
+        ErrorCode.none,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.none,
+    ]
+    entries = setup.kv.read_sync(
+        lambda tr: log.read_chunks(tr, SUB, setup.topic.topic_id, 0, 0, 100)
+    )
+    committed = [e.object_key for e in entries]
+    assert len(committed) == 2 and all(key in disk for key in committed)
+    for key in committed:
+        data = (Path(setup.store.root) / key).read_bytes()
+        assert disk.read(key, 0, len(data)) == data
+    assert (disk.stats["objects_kept"], disk.stats["objects_released"]) == (2, 2)

@@ -23,7 +23,7 @@ from metadata.lifecycle import ObjectRecord, put_object
 from metadata.log import ChunkEntry, put_entry
 from metadata.sqlite_kv import SQLiteKV
 from storage.cache import ObjectCache, RangeReader
-from storage.disk_cache import DiskCache
+from storage.disk_cache import DiskCache, temporary_path
 from storage.objectstore import ObjectStore
 from tests.storage.conftest import make_store
 
@@ -325,6 +325,49 @@ def test_a_fill_cut_short_keeps_nothing(tmp_path: Path) -> None:
     assert "short" not in disk and disk.held_bytes == 0 and os.listdir(folder) == []
     disk.fill("whole", 10, iter((b"abcde", memoryview(b"fghij"))))
     assert disk.read("whole", 3, 7) == b"defg"
+
+
+def test_a_file_written_for_the_disk_is_kept_only_whole_and_fitting(tmp_path: Path) -> None:
+    """What a compaction job (a worker process too) GETs whole into the folder is kept
+    once the agent adopts it: of its size and within an eighth of the bound, else
+    deleted; and a kept object's file is where path_of says."""
+    folder = tmp_path / "disk"
+    disk = DiskCache(str(folder), 80)
+
+    def written(key: str, data: bytes) -> str:
+        path = temporary_path(disk.directory, key)
+        Path(path).write_bytes(data)
+        return path
+
+    disk.adopt("whole", written("whole", b"abcdefghij"), 10)
+    assert disk.read("whole", 2, 5) == b"cde" and disk.held_bytes == 10
+    kept = disk.path_of("whole")
+    assert kept is not None and Path(kept).read_bytes() == b"abcdefghij"
+    disk.adopt("short", written("short", b"abcde"), 10)
+    disk.adopt("large", written("large", b"x" * 11), 11)
+    assert "short" not in disk and "large" not in disk and disk.path_of("short") is None
+    assert sorted(os.listdir(folder)) == [os.path.basename(kept)]
+    # A second copy of an object kept already leaves the first as it is.
+    disk.adopt("whole", written("whole", b"abcdefghij"), 10)
+    assert disk.held_bytes == 10 and len(os.listdir(folder)) == 1
+
+
+def test_a_file_is_on_the_disk_before_it_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file is written out (fdatasync) before it is kept, so that the folder never
+    holds more than a file's worth of dirty pages for the disk to take at once."""
+    disk = DiskCache(str(tmp_path / "disk"), 80)
+    synced: list[tuple[int, bool]] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append((os.fstat(fd).st_size, "whole" in disk))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    disk.fill("whole", 10, iter((b"abcde", b"fghij")))
+    assert synced == [(10, False)] and disk.read("whole", 0, 10) == b"abcdefghij"
 
 
 async def test_a_small_object_of_many_partitions_goes_to_the_disk_not_whole_into_memory(
