@@ -456,8 +456,10 @@ S3_CREDENTIALS = {
 class Moto:
     """moto's S3 server (`moto_server`) in a process of its own, with one bucket."""
 
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, bucket: str, tmpdir: str | None = None) -> None:
         self.bucket = bucket
+        # moto keeps an object over 5 MB in a temporary file: TMPDIR says on what disk.
+        self.tmpdir = tmpdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -467,7 +469,11 @@ class Moto:
             [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, **S3_CREDENTIALS},
+            env={
+                **os.environ,
+                **S3_CREDENTIALS,
+                **({"TMPDIR": self.tmpdir} if self.tmpdir else {}),
+            },
         )
         wait_port(self.port, time.monotonic() + 30)
         self.client().create_bucket(Bucket=self.bucket)

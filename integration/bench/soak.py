@@ -451,9 +451,11 @@ def read_levels(read: dict[str, Any]) -> str:
     )
 
 
-def _store_name(store: str, data_fs: str | None = None) -> str:
+def _store_name(store: str, data_fs: str | None = None, moto_fs: str | None = None) -> str:
     if store == "s3":
-        return "moto's S3 server on 127.0.0.1"
+        return "moto's S3 server on 127.0.0.1" + (
+            f" (its temporary files on {moto_fs})" if moto_fs else ""
+        )
     return "local folder" + (f" on {data_fs}" if data_fs else "")
 
 
@@ -492,7 +494,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Settings: {s['partitions']} partitions, retention.ms {s['retention_ms']}, "
         f"{s['rate_mb_s']:.1f} MB/s ({s['records_s']} records/s of {bench.RECORD_SIZE} B, "
         f"{rate_source}), {s['minutes']} minutes; "
-        f"store: {_store_name(s.get('store', 'local'), s.get('data_fs'))}; "
+        f"store: {_store_name(s.get('store', 'local'), s.get('data_fs'), s.get('moto_fs'))}; "
         f"agent arguments: {' '.join(s['agent_args'])}",
         "",
         "| minute | MB in store | objects | chunk entries | metadata MB | agent CPU s "
@@ -597,6 +599,12 @@ def main() -> int:
         default="local",
         help="the agent's object store: its data folder, or a bucket on moto's S3 server",
     )
+    parser.add_argument(
+        "--moto-tmpdir",
+        metavar="DIR",
+        help="TMPDIR of moto's server alone (where it keeps objects over 5 MB), for example"
+        " a folder on tmpfs to take the S3 server's writes off the agent's disk",
+    )
     parser.add_argument("--label", default="soak")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
@@ -625,7 +633,7 @@ def main() -> int:
     listing: Callable[[bench.Bucketlog], tuple[int, int]] = store_listing
     others: dict[str, int] = {}
     if args.store == "s3":
-        moto = bench.Moto(bench.S3_BUCKET)
+        moto = bench.Moto(bench.S3_BUCKET, args.moto_tmpdir)
         moto.start()
         assert moto.proc is not None
         others["moto"] = moto.proc.pid
@@ -703,6 +711,7 @@ def main() -> int:
             "agent_args": agent_args,
             "store": args.store,
             "data_fs": data_fs,
+            "moto_fs": file_system(Path(args.moto_tmpdir)) if args.moto_tmpdir else None,
         },
         "produce_started_monotonic": produce_started,
         "produce_runs": runs,
