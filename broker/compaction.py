@@ -67,10 +67,10 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 
@@ -85,7 +85,7 @@ from metadata.kv import OptimisticCounts, Transaction
 from metadata.log import ChunkEntry
 from protocol.records import iter_batches
 from storage.cache import ObjectCache
-from storage.disk_cache import DiskCache, temporary_path, written_out
+from storage.disk_cache import DiskCache, read_spans, temporary_path, write_whole
 from storage.ingest import encode_ingest_parts, new_object_key
 from storage.objectstore import ObjectStore, unpaced
 
@@ -99,8 +99,8 @@ OUTPUT_PREFIX = "compacted/"
 READ_GAP = 64 * 1024
 # Level-1 selections one plan makes at most while each finds only objects to promote.
 PROMOTING_SELECTIONS = 8
-# A level-2 input GET whole into the disk cache is written a piece of this size at a time.
-SPOOL_PIECE = 1024 * 1024
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,20 +172,22 @@ class CompactionStats:
 
 
 class CompactionAgent(JobAgent, Protocol):
-    """What compaction needs of its agent: its object cache too."""
+    """What compaction needs of its agent: its object and disk caches too."""
 
     @property
     def cache(self) -> ObjectCache: ...
+
+    # Its disk cache (storage.disk_cache), or None.
+    disk_cache: DiskCache | None
 
 
 @dataclass(frozen=True, slots=True)
 class Spool:
     """A job's use of the agent's disk cache: the inputs it holds (object key -> file),
-    and (`fill`) where the others are written whole, as large as `max_bytes` at most."""
+    and (`fill`) the folder the others are written into whole, for the cache to adopt."""
 
     kept: dict[str, str]
     directory: str
-    max_bytes: int
     fill: bool = True  # else the others are read in ranges, as without a disk cache
 
 
@@ -199,7 +201,7 @@ class _Built:
     bytes_cached: int  # taken from objects in the cache
     cpu_seconds: float
     bytes_from_disk: int = 0  # read from the disk cache's files
-    # Inputs GET whole and written for the disk cache: (object key, file, size).
+    # Inputs GET whole and written for the disk cache to adopt: (object key, file, size).
     spooled: tuple[tuple[str, str, int], ...] = ()
 
 
@@ -235,85 +237,49 @@ def _batches(entry: ChunkEntry, data: memoryview) -> list[memoryview]:
     return batches
 
 
+def _run_all(
+    call: Callable[..., T], args: Sequence[tuple[Any, ...]], at_once: int
+) -> tuple[list[T], float]:
+    """`call(*each)` for each of `args`, in their order, `at_once` at a time; and the CPU
+    seconds of the threads that ran them other than the caller's. Each runs in a copy of
+    the caller's context, as the caller's own would (broker.costs' charges). A failure is
+    raised once no call runs any more."""
+    if at_once <= 1 or len(args) <= 1:
+        return [call(*each) for each in args], 0.0
+    context = contextvars.copy_context()
+
+    def run(each: tuple[Any, ...]) -> tuple[T, float]:
+        started = time.thread_time()
+        result = context.copy().run(call, *each)
+        return result, time.thread_time() - started
+
+    with concurrent.futures.ThreadPoolExecutor(min(at_once, len(args))) as pool:
+        got = list(pool.map(run, args))  # on a failure, the block waits for the others
+    return [result for result, _cpu in got], sum(cpu for _result, cpu in got)
+
+
 def _get_all(
     store: ObjectStore, spans: list[tuple[str, int, int]], at_once: int
 ) -> tuple[list[memoryview], float]:
-    """The spans' bytes, in their order, read `at_once` at a time; and the CPU seconds
-    of the threads that read them other than the caller's. Each GET runs in a copy of
-    the caller's context, as the caller's own would (broker.costs' charges)."""
-    if at_once <= 1 or len(spans) <= 1:
-        return [store.get_view_sync(key, start, end) for key, start, end in spans], 0.0
-    context = contextvars.copy_context()
-
-    def get(span: tuple[str, int, int]) -> tuple[memoryview, float]:
-        started = time.thread_time()
-        data = context.copy().run(store.get_view_sync, *span)
-        return data, time.thread_time() - started
-
-    with concurrent.futures.ThreadPoolExecutor(min(at_once, len(spans))) as pool:
-        got = list(pool.map(get, spans))
-    return [data for data, _cpu in got], sum(cpu for _data, cpu in got)
-
-
-def _spool_whole(store: ObjectStore, object_key: str, path: str) -> int:
-    """GET the whole object into the file at `path`, a piece at a time where the store
-    streams (the job holds a piece, not the object); its size."""
-    opener = getattr(store, "open_range_stream", None)
-    try:
-        with open(path, "wb") as f:
-            if opener is None:
-                data = store.get_view_sync(object_key, 0, None)
-                f.write(data)
-                written_out(f)
-                return len(data)
-            stream = opener(object_key, 0, None)
-            try:
-                size = 0
-                while piece := stream.read(SPOOL_PIECE):
-                    f.write(piece)
-                    size += len(piece)
-            finally:
-                stream.close()
-            written_out(f)
-            return size
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        raise
+    """The spans' bytes, in their order, read `at_once` at a time (`_run_all`)."""
+    return _run_all(store.get_view_sync, spans, at_once)
 
 
 def _spool_all(
     store: ObjectStore, object_keys: list[str], directory: str, at_once: int
 ) -> tuple[list[tuple[str, str, int]], float]:
     """Each object GET whole into a file of its own in `directory`, `at_once` at a time:
-    (object key, file, size) in their order; and the CPU seconds of the threads that read
-    them other than the caller's. On a failure no file is left."""
-    context = contextvars.copy_context()
-
-    def spool(object_key: str) -> tuple[tuple[str, str, int], float]:
-        started = time.thread_time()
-        path = temporary_path(directory, object_key)
-        size = context.copy().run(_spool_whole, store, object_key, path)
-        return (object_key, path, size), time.thread_time() - started
-
-    if at_once <= 1 or len(object_keys) <= 1:
-        done: list[tuple[str, str, int]] = []
-        try:
-            for object_key in object_keys:
-                path = temporary_path(directory, object_key)
-                done.append((object_key, path, _spool_whole(store, object_key, path)))
-        except BaseException:
-            _unlink_all(path for _key, path, _size in done)
-            raise
-        return done, 0.0
-    with concurrent.futures.ThreadPoolExecutor(min(at_once, len(object_keys))) as pool:
-        futures = [pool.submit(spool, key) for key in object_keys]
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
-    if failed is not None:
-        _unlink_all(f.result()[0][1] for f in futures if f.exception() is None)
-        raise failed
-    got = [f.result() for f in futures]
-    return [spooled for spooled, _cpu in got], sum(cpu for _spooled, cpu in got)
+    (object key, file, size) in their order, and the CPU seconds as `_run_all`'s. On a
+    failure no file is left."""
+    paths = [temporary_path(directory, key) for key in object_keys]
+    try:
+        sizes, cpu = _run_all(
+            partial(write_whole, store), list(zip(object_keys, paths, strict=True)), at_once
+        )
+    except BaseException:
+        _unlink_all(paths)
+        raise
+    return list(zip(object_keys, paths, sizes, strict=True)), cpu
 
 
 def _adopt_all(disk: DiskCache, spooled: Iterable[tuple[str, str, int]]) -> None:
@@ -325,25 +291,6 @@ def _unlink_all(paths: Iterable[str]) -> None:
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-
-
-def _read_file(path: str, spans: list[tuple[int, int]]) -> list[bytes] | None:
-    """The spans' bytes of a file holding a whole object; None when the file is gone
-    (the disk cache wanted the room) or shorter than a span."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        got = []
-        for start, end in spans:
-            data = os.pread(fd, end - start, start)
-            if len(data) != end - start:
-                return None
-            got.append(data)
-        return got
-    finally:
-        os.close(fd)
 
 
 def _picklable(data: bytes | memoryview) -> bytes:
@@ -370,34 +317,68 @@ def build_output(
     files it holds, and the other inputs GET whole into files for it), and write its
     output object (`paced`: no faster than the store's pace for large writes, if it has
     one); in a worker thread or process. A job that fails leaves no file it wrote."""
+    started = time.thread_time()
+    by_object: dict[str, list[ChunkEntry]] = {}
+    for e in plan.entries:
+        by_object.setdefault(e.entry.object_key, []).append(e.entry)
+    kept = spool.kept if spool is not None else {}
     spooled: list[tuple[str, str, int]] = []
+    spool_cpu = 0.0
+    if spool is not None and spool.fill:
+        wholes = [key for key in by_object if key not in cached and key not in kept]
+        spooled, spool_cpu = _spool_all(store, wholes, spool.directory, reads_at_once)
+    files = {**kept, **{key: path for key, path, _size in spooled}}
     try:
-        return _build_output(store, plan, cached, output_key, paced, reads_at_once, spool, spooled)
+        size, chunk_starts, read = _build_output(
+            store, plan, by_object, cached, files, output_key, paced, reads_at_once
+        )
     except BaseException:
         _unlink_all(path for _key, path, _size in spooled)
         raise
+    return _Built(
+        size,
+        chunk_starts,
+        read.store + sum(size for _key, _path, size in spooled),
+        read.cached,
+        time.thread_time() - started + read.readers_cpu + spool_cpu,
+        sum(n for key, n in read.by_file.items() if key in kept),
+        tuple(spooled),
+    )
+
+
+@dataclass(slots=True)
+class _Read:
+    """Where a job's bytes came from."""
+
+    store: int = 0  # ranged GETs, gaps included
+    cached: int = 0  # objects in the memory cache
+    by_file: dict[str, int] = field(default_factory=dict)  # object key -> bytes of its file
+    readers_cpu: float = 0.0  # of the threads that read ranges, other than the caller's
 
 
 def _build_output(
     store: ObjectStore,
     plan: Plan,
+    by_object: dict[str, list[ChunkEntry]],
     cached: Mapping[str, bytes | memoryview],
+    files: Mapping[str, str],
     output_key: str,
     paced: bool,
     reads_at_once: int,
-    spool: Spool | None,
-    spooled: list[tuple[str, str, int]],
-) -> _Built:
-    """build_output's work; the files it GETs whole go into `spooled` as written."""
-    started = time.thread_time()
-    by_object: dict[str, list[ChunkEntry]] = {}
-    for e in plan.entries:
-        by_object.setdefault(e.entry.object_key, []).append(e.entry)
+) -> tuple[int, list[int], _Read]:
+    """build_output's reads and upload, the inputs taken from `cached`, else from
+    `files` (object key -> a file of the whole object), else with ranged GETs: the
+    output's size, where each partition's chunk starts in it, and the reads."""
+    read = _Read()
     pieces: dict[tuple[str, int], memoryview] = {}  # (object, entry start) -> its bytes
-    bytes_read = bytes_cached = bytes_from_disk = 0
+
+    def cut(object_key: str, start: int, end: int, data: memoryview) -> None:
+        for entry in by_object[object_key]:
+            if start <= entry.start < end:
+                at = entry.start - start
+                pieces[(object_key, entry.start)] = data[at : at + entry.length]
+
     spans: list[tuple[str, int, int]] = []
-    files: list[tuple[str, str, bool]] = []  # (object, file, whether the disk kept it)
-    wholes: list[str] = []  # objects to GET whole into files
     for object_key, entries in by_object.items():
         whole = cached.get(object_key)
         if whole is not None:
@@ -405,44 +386,23 @@ def _build_output(
                 pieces[(object_key, entry.start)] = memoryview(whole)[
                     entry.start : entry.start + entry.length
                 ]
-                bytes_cached += entry.length
+                read.cached += entry.length
             continue
-        path = spool.kept.get(object_key) if spool is not None else None
-        if path is not None:
-            files.append((object_key, path, True))
-            continue
-        if spool is not None and spool.fill:
-            wholes.append(object_key)
-            continue
-        spans += ((object_key, start, end) for start, end in _read_spans(entries))
-    spool_cpu = 0.0
-    if spool is not None and wholes:
-        got, spool_cpu = _spool_all(store, wholes, spool.directory, reads_at_once)
-        spooled += got
-        files += ((object_key, path, False) for object_key, path, _size in got)
-        bytes_read += sum(size for _key, _path, size in got)
-    for object_key, path, kept in files:
-        object_spans = _read_spans(by_object[object_key])
-        data_read = _read_file(path, object_spans)
-        if data_read is None:  # gone from the disk since: a GET of each range instead
+        object_spans = _read_spans(entries)
+        path = files.get(object_key)
+        from_file = read_spans(path, object_spans) if path is not None else None
+        if from_file is None:  # none, or gone from the disk since: a GET of each range
             spans += ((object_key, start, end) for start, end in object_spans)
             continue
-        for (start, end), data in zip(object_spans, data_read, strict=True):
-            if kept:
-                bytes_from_disk += len(data)
-            for entry in by_object[object_key]:
-                if start <= entry.start < end:
-                    at = entry.start - start
-                    pieces[(object_key, entry.start)] = memoryview(data)[at : at + entry.length]
+        for (start, end), data in zip(object_spans, from_file, strict=True):
+            cut(object_key, start, end, memoryview(data))
+        read.by_file[object_key] = sum(len(data) for data in from_file)
     # The job holds every piece until its output is written either way: reading several
     # at once holds no more, and waits one GET's latency per `reads_at_once` spans.
-    views, readers_cpu = _get_all(store, spans, reads_at_once)
-    for (object_key, start, end), span in zip(spans, views, strict=True):
-        bytes_read += len(span)
-        for entry in by_object[object_key]:
-            if start <= entry.start < end:
-                at = entry.start - start
-                pieces[(object_key, entry.start)] = span[at : at + entry.length]
+    views, read.readers_cpu = _get_all(store, spans, reads_at_once)
+    for (object_key, start, end), view in zip(spans, views, strict=True):
+        read.store += len(view)
+        cut(object_key, start, end, view)
     chunks = []
     for topic_id, partition, entries in plan.partitions():
         batches: list[bytes | memoryview] = []
@@ -457,19 +417,7 @@ def _build_output(
     parts, locations = encode_ingest_parts(chunks)
     with contextlib.nullcontext() if paced else unpaced():
         store.put_parts_sync(output_key, parts, if_absent=True)
-    # Files too large for the disk cache are not offered to it.
-    limit = spool.max_bytes if spool is not None else 0
-    _unlink_all(path for _key, path, size in spooled if size > limit)
-    offered = tuple((key, path, size) for key, path, size in spooled if size <= limit)
-    return _Built(
-        sum(len(part) for part in parts),
-        [loc.start for loc in locations],
-        bytes_read,
-        bytes_cached,
-        time.thread_time() - started + readers_cpu + spool_cpu,
-        bytes_from_disk,
-        offered,
-    )
+    return sum(len(part) for part in parts), [loc.start for loc in locations], read
 
 
 def _prepare_commit(
@@ -668,14 +616,17 @@ class Compaction:
             if key in agent.cache and (data := agent.cache.get(key)) is not None
         }
         output_key = new_object_key(OUTPUT_PREFIX)
-        disk: DiskCache | None = getattr(agent, "disk_cache", None)
+        disk = agent.disk_cache
         spool = None
         if disk is not None:
+            # A worker process reads an input from the disk rather than be sent it from
+            # memory (a copy through a pipe costs the agent's process more than the
+            # worker's read of the file); the agent's own threads read memory first.
+            wanted = [k for k in plan.input_keys if self._pool is not None or k not in cached]
+            kept = {key: path for key in wanted if (path := disk.path_of(key))}
             # Level 1's inputs are ingest files, taken whole by the one job: read from
             # the disk where the flush left them there, never filled into it.
-            kept = {key: path for key in plan.input_keys if (path := disk.path_of(key))}
-            fill = plan.level == compaction_layer.L2
-            spool = Spool(kept, disk.directory, disk.max_bytes // 8, fill)
+            spool = Spool(kept, disk.directory, fill=plan.level == compaction_layer.L2)
         paced = self._paced(plan)
         if not paced:
             self.stats.unpaced_jobs += 1
@@ -687,8 +638,6 @@ class Compaction:
             if not self._pool.spec.remote:
                 cached = {}
             else:  # sent to the worker process: a view is not picklable, bytes are
-                # (none that the worker reads from the disk cache: a copy through a pipe
-                # costs the agent's process more than the worker's read of the file).
                 on_disk = spool.kept if spool is not None else {}
                 cached = {k: _picklable(v) for k, v in cached.items() if k not in on_disk}
             built, spent = await self._pool.run(

@@ -53,6 +53,7 @@ from metadata import compaction as compaction_layer
 from metadata import keys, topics
 from metadata.kv import KV, open_kv
 from storage.cache import ObjectCache
+from storage.disk_cache import DiskCache
 from storage.objectstore import ObjectStore
 from storage.threads import ThreadPool
 
@@ -244,6 +245,7 @@ class _Helper:
         self.sub = keys.cluster_subspace(config.cluster_name)
         self._node_id = node_id
         self.cache = ObjectCache(0)  # the agent's is in the agent
+        self.disk_cache: DiskCache | None = None  # the agent's own
 
     @property
     def node_id(self) -> int:

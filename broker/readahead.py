@@ -22,7 +22,7 @@ partitions' runs) is read once for all of them where the agent has a disk cache
 (storage.disk_cache) and the partitions read ahead lately, and not yet past the object,
 hold at least SHARE_MIN of its bytes (from its reverse index, up to SHARE_ROWS entries,
 remembered for SHARES_KNOWN objects): the first stretch that wants it reads it whole
-into the disk with one GET, a FILL_PIECE at a time, and every partition's range of it
+into the disk with one GET, a piece at a time (storage.disk_cache.write_whole), and every partition's range of it
 after comes from there (a Fetch's own read too), whatever the object's size; the memory
 cache holds the partition's range, not the object. In memory this did not pay: a
 consumer's partitions are seldom at the same point of their logs (they spread over up to
@@ -79,7 +79,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -120,7 +120,6 @@ BATCH_BYTES = 4 * 1024 * 1024
 SHARE_MIN = 0.25
 SHARE_ROWS = 4096
 SHARES_KNOWN = 1024  # objects whose shares are remembered
-FILL_PIECE = 1024 * 1024  # what such a read holds at a time, on its way to the disk
 
 _Partition = tuple[bytes, int]  # topic id, partition
 
@@ -630,16 +629,8 @@ class ReadAhead:
         return self._store.get_view_sync(key, start or 0, end), "store"
 
     def _fill(self, disk: DiskCache, key: str, size: int) -> None:
-        """Read the whole object into the disk cache with one GET, a piece at a time
-        from a stream where the store has them."""
-        if self._open_stream is None:
-            disk.put(key, self._store.get_view_sync(key, 0, None))
-            return
-        stream = self._open_stream(key, 0, size)
-        try:
-            disk.fill(key, size, _read_through(stream, size))
-        finally:
-            stream.close()
+        """Read the whole object into the disk cache with one GET."""
+        disk.fill_from(self._store, key, size)
 
     def _wanted(self, by_partition: _Shares) -> int:
         """The bytes of an object that partitions read ahead lately and not yet past it
@@ -770,17 +761,6 @@ async def _close(held: _Stream) -> None:
         await anyio.to_thread.run_sync(held.stream.close)
     except Exception as exc:  # a connection already gone: nothing to close
         logger.debug("closing the stream of %s: %s", held.object_key, exc)
-
-
-def _read_through(stream: RangeStream, size: int) -> Iterator[bytes | memoryview]:
-    """The stream's bytes, FILL_PIECE at a time, up to `size` (fewer if it ends first)."""
-    left = size
-    while left > 0:
-        piece = stream.read(min(FILL_PIECE, left))
-        if not piece:
-            return
-        left -= len(piece)
-        yield piece
 
 
 def _piece_bytes(piece: _Piece, records: Mapping[str, ObjectRecord]) -> int:

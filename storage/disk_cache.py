@@ -26,6 +26,8 @@ Rules:
   process too), which the agent then keeps (`adopt`): the jobs of the other partitions
   of such an object read it from here rather than with a GET each.
 - Every file is written out to the disk (`written_out`) before it is kept.
+- A whole object comes from the store with one GET, a PIECE at a time where the store
+  streams (`write_whole`): its reader holds a piece, never the object.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import BinaryIO
 
+from storage.objectstore import ObjectStore
+
 _OWN = re.compile(r"[0-9a-f]{40}(\.[0-9]+\.tmp)?")
+PIECE = 1024 * 1024  # what a whole object's read holds at a time, on its way to the disk
 
 
 def temporary_path(directory: str, object_key: str) -> str:
@@ -55,6 +60,54 @@ def written_out(f: BinaryIO) -> None:
     (SQLite's fsync) waited behind them (integration/bench/README.md, 54th pass)."""
     f.flush()
     os.fdatasync(f.fileno())
+
+
+def write_whole(store: ObjectStore, object_key: str, path: str, size: int | None = None) -> int:
+    """GET the whole object into the file at `path` (created), written out; its size. With
+    `size`, fewer bytes than that are an error. A failure leaves no file."""
+    opener = getattr(store, "open_range_stream", None)
+    try:
+        with open(path, "wb") as f:
+            if opener is None:
+                written = f.write(store.get_view_sync(object_key, 0, size))
+            else:
+                stream = opener(object_key, 0, size)
+                try:
+                    written = 0
+                    while size is None or written < size:
+                        want = PIECE if size is None else min(PIECE, size - written)
+                        if not (piece := stream.read(want)):
+                            break
+                        written += f.write(piece)
+                finally:
+                    stream.close()
+            if size is not None and written != size:
+                raise OSError(f"{object_key}: {written} bytes read of {size}")
+            written_out(f)
+            return written
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+
+
+def read_spans(path: str, spans: Iterable[tuple[int, int]]) -> list[bytes] | None:
+    """The bytes [start, end) of each span of the file; None when the file is gone or
+    shorter than a span (not of the object's size: not trusted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        got = []
+        for start, end in spans:
+            data = os.pread(fd, end - start, start)
+            if len(data) != end - start:
+                return None
+            got.append(data)
+        return got
+    finally:
+        os.close(fd)
 
 
 def _file_name(object_key: str) -> str:
@@ -115,16 +168,10 @@ class DiskCache:
                 return None
             self._files.move_to_end(object_key)
             self._released.pop(object_key, None)
-        try:
-            fd = os.open(self._path(object_key), os.O_RDONLY)
-        except FileNotFoundError:  # deleted by another thread since
+        got = read_spans(self._path(object_key), ((start, end),))
+        if got is None:  # deleted by another thread since, or short
             return None
-        try:
-            data = os.pread(fd, end - start, start)
-        finally:
-            os.close(fd)
-        if len(data) != end - start:
-            return None  # not of this object's size: not trusted
+        (data,) = got
         with self._lock:
             self.stats["reads"] += 1
             self.stats["bytes_read"] += len(data)
@@ -156,6 +203,14 @@ class DiskCache:
                 os.unlink(temporary)
             raise
         self.adopt(object_key, temporary, size)
+
+    def fill_from(self, store: ObjectStore, object_key: str, size: int) -> None:
+        """Keep the object of `size` bytes, read from the store whole (`write_whole`); a
+        no-op if it does not fit or is kept already."""
+        if not self.fits(size) or object_key in self:
+            return
+        temporary = temporary_path(self.directory, object_key)
+        self.adopt(object_key, temporary, write_whole(store, object_key, temporary, size))
 
     def adopt(self, object_key: str, temporary: str, size: int) -> None:
         """Keep the whole object a writer put in `temporary` (`temporary_path`), of

@@ -444,7 +444,7 @@ async def test_an_input_gone_from_the_disk_is_read_with_a_get(setup, tmp_path):
     plan = _l2_plan(kv, topic)
     kept = {key: str(tmp_path / f"gone-{i}") for i, key in enumerate(keys_)}  # no such files
     gets = store.stats["gets"]
-    spool = Spool(kept, str(tmp_path), 1 << 20)
+    spool = Spool(kept, str(tmp_path))
     built = build_output(store, plan, {}, "compacted/x", spool=spool)
     assert store.stats["gets"] - gets == 2  # a range each
     assert (built.bytes_from_disk, built.spooled) == (0, ())
@@ -463,12 +463,15 @@ async def test_a_failed_job_leaves_no_file_for_the_disk(setup, tmp_path):
     folder = tmp_path / "spool"
     folder.mkdir()
     with pytest.raises(ValueError, match="not the entry's"):
-        build_output(store, bad, {}, "compacted/x", spool=Spool({}, str(folder), 1 << 20))
+        build_output(store, bad, {}, "compacted/x", spool=Spool({}, str(folder)))
     assert os.listdir(folder) == []
-    # Too large for the disk cache: read, used, and not offered to it.
-    built = build_output(store, plan, {}, "compacted/y", spool=Spool({}, str(folder), 10))
-    assert built.spooled == () and os.listdir(folder) == []
+    # Too large for the disk cache: read, used, and deleted rather than kept.
+    small = DiskCache(str(folder), 80)  # keeps objects of 10 bytes at most
+    built = build_output(store, plan, {}, "compacted/y", spool=Spool({}, small.directory))
     assert built.bytes_read == sum(len(store.get_sync(k)) for k in plan.input_keys)
+    assert len(built.spooled) == len(plan.input_keys)
+    compaction_module._adopt_all(small, built.spooled)
+    assert os.listdir(folder) == [] and small.held_bytes == 0
 
 
 async def test_level_one_reads_the_files_the_disk_holds_and_gets_the_others_as_before(

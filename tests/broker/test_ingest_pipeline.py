@@ -453,6 +453,23 @@ async def test_a_flush_next_in_order_commits_in_its_upload_thread_and_the_next_w
     assert setup.values(0) == [b"first-0", b"second-0", b"third-0"]
 
 
+async def _flushes_until(
+    setup: Setup, pipeline: IngestPipeline, flushes: int, done: Callable[[], bool]
+) -> list[AppendResult]:
+    """`flushes` appends of a record, a flush each, then a wait for `done` (what a
+    thread of the pipeline does after the answers)."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pipeline.run)
+        results = []
+        for i in range(flushes):
+            results += await append_all(pipeline, setup.topic.topic_id, [(0, b"x%d" % i)])
+        with anyio.fail_after(5):
+            while not done():  # noqa: ASYNC110 -- set by a thread
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    return results
+
+
 async def test_a_committed_flush_is_kept_on_the_disk_first_to_go_and_a_failed_one_is_not(
     setup: Setup, tmp_path: Path
 ) -> None:
@@ -466,15 +483,7 @@ async def test_a_committed_flush_is_kept_on_the_disk_first_to_go_and_a_failed_on
 
     setup.store.before_put = fail_second
     pipeline = setup.pipeline(flush_interval_ms=1, disk=disk)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pipeline.run)
-        results = []
-        for i in range(3):  # one flush each
-            results += await append_all(pipeline, setup.topic.topic_id, [(0, b"x%d" % i)])
-        with anyio.fail_after(5):
-            while disk.stats["objects_kept"] < 2:  # noqa: ASYNC110 -- kept by a thread
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
+    results = await _flushes_until(setup, pipeline, 3, lambda: disk.stats["objects_kept"] >= 2)
     assert [r.error for r in results] == [
         ErrorCode.none,
         ErrorCode.kafka_storage_error,
@@ -489,3 +498,18 @@ async def test_a_committed_flush_is_kept_on_the_disk_first_to_go_and_a_failed_on
         data = (Path(setup.store.root) / key).read_bytes()
         assert disk.read(key, 0, len(data)) == data
     assert (disk.stats["objects_kept"], disk.stats["objects_released"]) == (2, 2)
+
+
+async def test_a_flush_the_disk_cannot_keep_is_answered_counted_and_warned_of_once(
+    setup: Setup, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disk cache that cannot write (its folder gone here; full, say) costs the
+    flush's copy, never its answer: counted, the first logged as a warning."""
+    disk = DiskCache(str(tmp_path / "disk"), 64 << 20)
+    (tmp_path / "disk").rmdir()
+    pipeline = setup.pipeline(flush_interval_ms=1, disk=disk)
+    results = await _flushes_until(setup, pipeline, 2, lambda: pipeline.stats.disk_failures >= 2)
+    assert [r.error for r in results] == [ErrorCode.none, ErrorCode.none]
+    assert disk.stats["objects_kept"] == 0
+    warned = [r for r in caplog.records if "could not keep the flush" in r.getMessage()]
+    assert [r.levelname for r in warned if r.levelname == "WARNING"] == ["WARNING"]

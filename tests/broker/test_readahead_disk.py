@@ -412,7 +412,7 @@ async def test_a_disk_that_cannot_keep_the_object_leaves_the_range_read_as_befor
     def full(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(disk, "fill", full)
+    monkeypatch.setattr(disk, "fill_from", full)
     for p in (2, 3):
         await ahead._read_stretch((TOPIC, p), 0, None)
         assert cached(ahead, p) == DATA[p * MiB : (p + 1) * MiB]
