@@ -4,9 +4,12 @@ Levels. An ingest file is level 0: it holds many partitions, a little of each. A
 job merges up to `max_inputs` level-0 objects older than a minimum age into one object
 that holds, per partition, the batches of all its inputs in offset order. A level-2 job
 merges a partition's consecutive entries in up to `l2_max_inputs` level-1 objects into
-one run of a new object, with the runs of the next partitions of its topic that
-are due too while they fit the job whole (a level-1 object holds them one after the
-other, so the job reads them in one range). It starts once the partition's level-1
+one run of a new object, with the runs of the next partitions of its topic whose
+level-1 data has waited half as long at least, while they fit the job whole (a level-1
+object holds them one after the other, so the job reads them in one range; and they
+leave level 1 together, so that they fall due together after: jobs of several
+partitions' runs, which a catch-up read of the topic reads with one GET each). It
+starts once the partition's level-1
 entries hold `max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them
 has waited `max_wait_ms` (less on a topic whose retention span is shorter: waiting
 longer than a run may cover gains nothing). A level-0 object whose every
@@ -76,6 +79,9 @@ NOBODY = -1  # the node id of an unclaimed row
 SCAN = 256  # queue rows (or entries) one plan looks at, at most
 RECORDS_AHEAD = 32  # entries of a level-2 plan whose objects' records are read together
 PASSED_OVER = 8  # runs inside one object a level-2 plan passes over, at most
+# A partition joins the level-2 job of the one before it once its level-1 data has waited
+# this share of the wait that makes a partition due on its own (`_joining`).
+JOIN_WAIT_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,10 +516,13 @@ def plan_l2(
     come from l2_max_inputs objects, or the oldest of them has waited max_wait_ms), and
     plan its first run of consecutive level-1 entries (those of two objects at least; a
     run inside one object is read in one piece already, and is passed over). The next
-    partitions of the topic that are due too join the job while their runs fit its
-    limits whole: a level-1 object holds the partitions of a topic one after the other,
-    so that the job reads their runs in one range of each object (a job per partition
-    would read each object once per partition), and they leave level 1 together.
+    partitions of the topic whose level-1 data has waited `JOIN_WAIT_SHARE` of the wait
+    at least join the job while their runs fit its limits whole: a level-1 object holds
+    the partitions of a topic one after the other, so that the job reads their runs in
+    one range of each object (a job per partition would read each object once per
+    partition), and they leave level 1 together, so that they fall due together after
+    (partitions of a topic fill at about one rate: without the share each fell due a
+    moment after the one before it, and joined no job but its own).
 
     `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
     that retention by time never waits long for the rest of an object); such a topic's
@@ -674,14 +683,17 @@ def _joining(
     records: dict[str, ObjectRecord | None],
 ) -> tuple[bytes, _L1Row, bytes, int, _Run] | None:
     """The next row's partition with its run, if it joins the group's job: the next
-    partition of the same topic, unclaimed and due, with a run of two objects at least
-    that fits the job's limits whole beside the group's runs. None ends the group."""
+    partition of the same topic, unclaimed and due by `JOIN_WAIT_SHARE` of the wait,
+    with a run of two objects at least that fits the job's limits whole beside the
+    group's runs. None ends the group."""
     _key, _row, topic_id, last_partition, _run = group[-1]
     _tag, row_topic, row_partition = sub.unpack(row_key)
     if bytes(row_topic) != topic_id or int(row_partition) != last_partition + 1:
         return None
     row = _L1Row.unpack(value)
-    if (row.node_id != NOBODY and row.expires_ms > now_ms) or not row.due(now_ms, limits, wait_ms):
+    if row.node_id != NOBODY and row.expires_ms > now_ms:
+        return None
+    if not row.due(now_ms, limits, int(wait_ms * JOIN_WAIT_SHARE)):
         return None
     run = _level_one_run(
         tr, sub, topic_id, int(row_partition), row.first_offset, limits, span, records

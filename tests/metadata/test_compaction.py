@@ -520,7 +520,7 @@ def test_a_level_two_plan_reads_its_objects_records_together_and_once(kv):
     assert object_reads == [[SUB.key(keys.OBJECT, "x"), SUB.key(keys.OBJECT, "y")]]
 
 
-def test_a_partition_joins_a_level_two_job_only_next_to_it_and_due(kv):
+def test_a_partition_joins_a_level_two_job_only_next_to_it_and_half_due(kv):
     topic = _partitions_in_two_level_one_objects(kv, 3)
     tid = topic.topic_id
     # p1 is claimed by another job: p2 does not join p0's, which would not be one range.
@@ -533,11 +533,16 @@ def test_a_partition_joins_a_level_two_job_only_next_to_it_and_due(kv):
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0)]
     kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
     kv.transact_sync(lambda tr: tr.set(row_key, keys.pack_value((400, 2, 0, -1, 0, NOW))))
-    # Due by the wait alone: a partition whose level-1 data arrived later does not join.
-    later = keys.pack_value((400, 2, 0, -1, 0, NOW + 1))
-    kv.transact_sync(lambda tr: tr.set(SUB.key(keys.L1_PARTITION, tid, 2), later))
+    # Due by the wait alone: a partition whose level-1 data has waited less than half of
+    # it does not join; one that has waited half of it does (and falls due with them).
+    p2_key = SUB.key(keys.L1_PARTITION, tid, 2)
+    kv.transact_sync(lambda tr: tr.set(p2_key, keys.pack_value((400, 2, 0, -1, 0, NOW + 51))))
     plan = _plan_l2(kv, now=NOW + 100, wait=100)
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1)]
+    kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
+    kv.transact_sync(lambda tr: tr.set(p2_key, keys.pack_value((400, 2, 0, -1, 0, NOW + 50))))
+    plan = _plan_l2(kv, now=NOW + 100, wait=100)
+    assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1), (tid, 2)]
 
 
 def test_partitions_take_turns_at_level_two_however_many_there_are(kv, monkeypatch):
