@@ -10,8 +10,8 @@ Rules:
   holds `promote_entry_bytes` or more enters level 1 as it is instead, in the claim's
   transaction) first, then level-2 jobs (a
   partition's level-1 entries, from up to `l2_max_inputs` objects, into a run of a
-  new object, which the next partitions of its topic, half due, share while their runs fit
-  whole; once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
+  new object, which the next partitions of its topic, half due, share while their runs
+  fit whole; once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
   `l2_max_wait_ms`, or the topic's retention span if that is shorter); at most
   `max_jobs` at once. Any agent runs any
   job: a plan claims its inputs in the metadata store, and a dead agent's claims expire

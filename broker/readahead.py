@@ -22,9 +22,10 @@ partitions' runs) is read once for all of them where the agent has a disk cache
 (storage.disk_cache) and the partitions read ahead lately, and not yet past the object,
 hold at least SHARE_MIN of its bytes (from its reverse index, up to SHARE_ROWS entries,
 remembered for SHARES_KNOWN objects): the first stretch that wants it reads it whole
-into the disk with one GET, a piece at a time (storage.disk_cache.write_whole), and every partition's range of it
-after comes from there (a Fetch's own read too), whatever the object's size; the memory
-cache holds the partition's range, not the object. In memory this did not pay: a
+into the disk with one GET, a piece at a time (storage.disk_cache.write_whole), and
+every partition's range of it after comes from there (a Fetch's own read too),
+whatever the object's size; the memory cache holds the partition's range, not the
+object. In memory this did not pay: a
 consumer's partitions are seldom at the same point of their logs (they spread over up to
 16 stretches), and a 64-partition catch-up on S3 that read such objects whole into a
 third of the cache pushed them out before most partitions had read their part. A disk

@@ -350,7 +350,9 @@ def test_two_agents_share_the_jobs_and_commit_each_once(start_broker, tmp_path):
         return sum(again.stats(port).get("compaction", {}).get(name, 0) for port in again.ports)
 
     wait_for("ingest files deleted", lambda: again.object_keys("ingest/") == [], timeout=60)
-    # Claims kept the agents apart: 12 level-1 jobs in all, none dropped.
+    # Claims kept the agents apart: 12 level-1 jobs in all, none dropped (the counters
+    # reach the stats files a second or so after the jobs).
+    wait_for("12 level-1 jobs counted", lambda: total("l1_jobs") >= 12, timeout=10)
     assert (total("l1_jobs"), total("l1_dropped")) == (12, 0)
     assert total("l2_jobs") == 0
     assert objects_per_partition(again, "two", 4) == [12, 12, 12, 12]
