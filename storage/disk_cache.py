@@ -38,10 +38,10 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from storage.objectstore import ObjectStore
+from storage.objectstore import ObjectStore, RangeStream
 
 _OWN = re.compile(r"[0-9a-f]{40}(\.[0-9]+\.tmp)?")
 PIECE = 1024 * 1024  # what a whole object's read holds at a time, on its way to the disk
@@ -66,25 +66,40 @@ def write_whole(store: ObjectStore, object_key: str, path: str, size: int | None
     """GET the whole object into the file at `path` (created), written out; its size. With
     `size`, fewer bytes than that are an error. A failure leaves no file."""
     opener = getattr(store, "open_range_stream", None)
+    if opener is None:
+        return _write_pieces(path, object_key, (store.get_view_sync(object_key, 0, size),), size)
+    stream = opener(object_key, 0, size)
     try:
+        return _write_pieces(path, object_key, _pieces_of(stream, size), size)
+    finally:
+        stream.close()
+
+
+def _pieces_of(stream: RangeStream, size: int | None) -> Iterator[bytes | memoryview]:
+    """The stream's bytes, PIECE at a time, up to `size` (fewer if it ends first)."""
+    read = 0
+    while size is None or read < size:
+        piece = stream.read(PIECE if size is None else min(PIECE, size - read))
+        if not piece:
+            return
+        read += len(piece)
+        yield piece
+
+
+def _write_pieces(
+    path: str, object_key: str, pieces: Iterable[bytes | memoryview], size: int | None
+) -> int:
+    """The pieces, in order, into the file at `path` (created), written out; its size.
+    With `size`, any other count is an error. A failure leaves no file."""
+    try:
+        written = 0
         with open(path, "wb") as f:
-            if opener is None:
-                written = f.write(store.get_view_sync(object_key, 0, size))
-            else:
-                stream = opener(object_key, 0, size)
-                try:
-                    written = 0
-                    while size is None or written < size:
-                        want = PIECE if size is None else min(PIECE, size - written)
-                        if not (piece := stream.read(want)):
-                            break
-                        written += f.write(piece)
-                finally:
-                    stream.close()
+            for piece in pieces:
+                written += f.write(piece)
             if size is not None and written != size:
                 raise OSError(f"{object_key}: {written} bytes read of {size}")
             written_out(f)
-            return written
+        return written
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -189,20 +204,7 @@ class DiskCache:
         if not self.fits(size) or object_key in self:
             return
         temporary = temporary_path(self.directory, object_key)
-        try:
-            written = 0
-            with open(temporary, "wb") as f:
-                for piece in pieces:
-                    f.write(piece)
-                    written += len(piece)
-                written_out(f)
-            if written != size:
-                raise OSError(f"{object_key}: {written} bytes read of {size}")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
-        self.adopt(object_key, temporary, size)
+        self.adopt(object_key, temporary, _write_pieces(temporary, object_key, pieces, size))
 
     def fill_from(self, store: ObjectStore, object_key: str, size: int) -> None:
         """Keep the object of `size` bytes, read from the store whole (`write_whole`); a
