@@ -113,21 +113,13 @@ class PipelineStats:
     failed_flushes: int = 0
     timed_out_batches: int = 0  # refused at their commit: past their request's deadline
     own_commits: int = 0  # flushes committed in their upload's thread (of `commits`)
-    # Committed flushes' files the disk cache could not keep (the first is logged as a
-    # warning): they stay in the store only.
-    disk_failures: int = 0
 
 
-def _keep_on_disk(disk: DiskCache, flush: _Flush, stats: PipelineStats) -> None:
-    """A committed flush's file into the disk cache, released: first to go for room."""
-    try:
-        disk.fill(flush.key, flush.size, iter(flush.parts))
-    except OSError as exc:  # the disk's (full, say): the file stays in the store only
-        stats.disk_failures += 1  # (in a worker thread: a count)
-        log = logger.warning if stats.disk_failures == 1 else logger.debug
-        log("the disk cache could not keep the flush %s: %s", flush.key, exc)
-        return
-    disk.release(flush.key)
+def _keep_on_disk(disk: DiskCache, flush: _Flush) -> None:
+    """A committed flush's file into the disk cache, released: first to go for room. A
+    file the disk cannot write stays in the store only (the disk cache counts it)."""
+    disk.fill(flush.key, flush.size, iter(flush.parts))
+    disk.release(flush.key)  # (a no-op if it was not kept)
 
 
 class IngestPipeline:
@@ -317,7 +309,7 @@ class IngestPipeline:
             self._notifier.notify(key)
         if self._disk is not None and flush is not None:
             if any(result.error == ErrorCode.none for result in results):  # committed
-                await anyio.to_thread.run_sync(_keep_on_disk, self._disk, flush, self.stats)
+                await anyio.to_thread.run_sync(_keep_on_disk, self._disk, flush)
 
     def _weights(self, items: list[_Queued]) -> dict[str, float]:
         """The bytes of each topic in a flush: its share of the upload (broker.costs)."""

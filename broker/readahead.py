@@ -259,7 +259,6 @@ class ReadAhead:
             "level1_fills": 0,
             "level2_fills": 0,
             "disk_reads": 0,
-            "disk_failures": 0,  # fills the disk refused (the first is logged as a warning)
         }
 
     def note_fetch(
@@ -615,23 +614,12 @@ class ReadAhead:
             if data is not None:
                 return data, "disk"
             if piece.to_disk:
-                try:
-                    self._fill(disk, key, piece.size)
-                except ObjectStoreError:
-                    raise
-                except OSError as exc:  # the disk's (full, say): the range is read as before
-                    self.stats["disk_failures"] += 1  # (read in a worker thread: a count)
-                    log = logger.warning if self.stats["disk_failures"] == 1 else logger.debug
-                    log("the disk cache could not keep %s (read as a range): %s", key, exc)
-                else:
-                    data = disk.read(key, start, end)
-                    if data is not None:
-                        return data, "fill"
+                # (A disk that cannot keep it, full say, leaves the range read as before.)
+                disk.fill_from(self._store, key, piece.size)
+                data = disk.read(key, start, end)
+                if data is not None:
+                    return data, "fill"
         return self._store.get_view_sync(key, start or 0, end), "store"
-
-    def _fill(self, disk: DiskCache, key: str, size: int) -> None:
-        """Read the whole object into the disk cache with one GET."""
-        disk.fill_from(self._store, key, size)
 
     def _wanted(self, by_partition: _Shares) -> int:
         """The bytes of an object that partitions read ahead lately and not yet past it

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -42,6 +43,8 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from storage.objectstore import ObjectStore, RangeStream
+
+logger = logging.getLogger(__name__)
 
 _OWN = re.compile(r"[0-9a-f]{40}(\.[0-9]+\.tmp)?")
 PIECE = 1024 * 1024  # what a whole object's read holds at a time, on its way to the disk
@@ -145,6 +148,7 @@ class DiskCache:
             "objects_evicted": 0,
             "objects_released": 0,
             "released_evicted": 0,  # of objects_evicted
+            "write_failures": 0,  # files fill and fill_from could not write (_failed)
         }
         os.makedirs(directory, exist_ok=True)
         for name in os.listdir(directory):  # only files named as this class names them
@@ -199,20 +203,41 @@ class DiskCache:
     def fill(self, object_key: str, size: int, pieces: Iterable[bytes | memoryview]) -> None:
         """Keep the object whose `size` bytes `pieces` yields in order (read from a
         stream a piece at a time: the agent holds one piece, not the object); a no-op if
-        it does not fit or is kept already. Fewer bytes than `size`: an error, nothing
-        kept."""
+        it does not fit or is kept already. A file it cannot write (the disk full, say;
+        fewer bytes than `size`) keeps nothing and is counted (`_failed`)."""
         if not self.fits(size) or object_key in self:
             return
         temporary = temporary_path(self.directory, object_key)
-        self.adopt(object_key, temporary, _write_pieces(temporary, object_key, pieces, size))
+        try:
+            written = _write_pieces(temporary, object_key, pieces, size)
+        except OSError as exc:
+            self._failed(object_key, exc)
+            return
+        self.adopt(object_key, temporary, written)
 
     def fill_from(self, store: ObjectStore, object_key: str, size: int) -> None:
         """Keep the object of `size` bytes, read from the store whole (`write_whole`); a
-        no-op if it does not fit or is kept already."""
+        no-op if it does not fit or is kept already. The store's failures are raised; a
+        file it cannot write keeps nothing and is counted, as in `fill`."""
         if not self.fits(size) or object_key in self:
             return
         temporary = temporary_path(self.directory, object_key)
-        self.adopt(object_key, temporary, write_whole(store, object_key, temporary, size))
+        try:
+            written = write_whole(store, object_key, temporary, size)
+        except OSError as exc:  # (a store's failures are ObjectStoreError, not OSError)
+            self._failed(object_key, exc)
+            return
+        self.adopt(object_key, temporary, written)
+
+    def _failed(self, object_key: str, exc: OSError) -> None:
+        """A file not written: counted, the first logged as a warning (a disk that
+        cannot keep files costs GETs, never an answer)."""
+        with self._lock:
+            self.stats["write_failures"] += 1
+            first = self.stats["write_failures"] == 1
+        (logger.warning if first else logger.debug)(
+            "the disk cache could not keep %s: %s", object_key, exc
+        )
 
     def adopt(self, object_key: str, temporary: str, size: int) -> None:
         """Keep the whole object a writer put in `temporary` (`temporary_path`), of
