@@ -417,10 +417,10 @@ class S3ObjectStore:
 class _PartsBody:
     """A PUT's body: its parts one after the other, read as botocore reads a file (its
     length, read, tell, seek: to sign it where it signs bodies, to checksum it, to send
-    it, and from the start again to retry). Never joined: an output of compaction is up
-    to 64 MiB of parts, whose joined copy cost a second buffer that size per PUT, its
-    pages faulted in (about 60 ms per 64 MiB here, more than reading it to sign it). A
-    read answers a view of at most one part, not a copy."""
+    it, and from the start again to retry). Never joined whole: an output of compaction
+    is up to 64 MiB of parts, whose joined copy cost a second buffer that size per PUT,
+    its pages faulted in (about 60 ms per 64 MiB here, more than reading it to sign
+    it); a read copies only what it answers, and nothing when that lies in one part."""
 
     def __init__(self, parts: Sequence[bytes | memoryview]) -> None:
         self._parts = [memoryview(part).cast("B") for part in parts if len(part)]
@@ -453,24 +453,22 @@ class _PartsBody:
         return self._position
 
     def read(self, size: int | None = -1) -> bytes | memoryview:
-        if size is None or size < 0:
-            rest = b"".join(self._rest())
-            self.seek(0, 2)
-            return rest
-        if self._index >= len(self._parts) or size == 0:
-            return b""
-        part = self._parts[self._index]
-        view = part[self._offset : self._offset + size]
-        self._offset += len(view)
-        self._position += len(view)
-        if self._offset == len(part):
-            self._index, self._offset = self._index + 1, 0
-        return view
-
-    def _rest(self) -> list[memoryview]:
-        if self._index >= len(self._parts):
-            return []
-        return [self._parts[self._index][self._offset :], *self._parts[self._index + 1 :]]
+        """`size` bytes (all the rest: -1), fewer only at the end, as a file answers:
+        what reads it may make a unit of each read (botocore's aws-chunked bodies, to
+        S3 over https, send one chunk per read, and S3 refuses chunks under 8 KiB but
+        the last). A view of the part where they lie in one, else their copy."""
+        wanted = self._size - self._position if size is None or size < 0 else size
+        pieces = []
+        while wanted > 0 and self._index < len(self._parts):
+            part = self._parts[self._index]
+            view = part[self._offset : self._offset + wanted]
+            pieces.append(view)
+            wanted -= len(view)
+            self._offset += len(view)
+            self._position += len(view)
+            if self._offset == len(part):
+                self._index, self._offset = self._index + 1, 0
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 class _S3RangeStream:
