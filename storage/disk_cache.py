@@ -39,7 +39,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 from storage.objectstore import ObjectStore, RangeStream
@@ -205,26 +205,24 @@ class DiskCache:
         stream a piece at a time: the agent holds one piece, not the object); a no-op if
         it does not fit or is kept already. A file it cannot write (the disk full, say;
         fewer bytes than `size`) keeps nothing and is counted (`_failed`)."""
-        if not self.fits(size) or object_key in self:
-            return
-        temporary = temporary_path(self.directory, object_key)
-        try:
-            written = _write_pieces(temporary, object_key, pieces, size)
-        except OSError as exc:
-            self._failed(object_key, exc)
-            return
-        self.adopt(object_key, temporary, written)
+        self._write(object_key, size, lambda path: _write_pieces(path, object_key, pieces, size))
 
     def fill_from(self, store: ObjectStore, object_key: str, size: int) -> None:
         """Keep the object of `size` bytes, read from the store whole (`write_whole`); a
         no-op if it does not fit or is kept already. The store's failures are raised; a
         file it cannot write keeps nothing and is counted, as in `fill`."""
+        self._write(object_key, size, lambda path: write_whole(store, object_key, path, size))
+
+    def _write(self, object_key: str, size: int, write: Callable[[str], int]) -> None:
+        """fill's and fill_from's: `write` the object into a temporary file (its size
+        answered) and keep it; an OSError keeps nothing and is counted (a store's
+        failures are ObjectStoreError, not OSError: raised)."""
         if not self.fits(size) or object_key in self:
             return
         temporary = temporary_path(self.directory, object_key)
         try:
-            written = write_whole(store, object_key, temporary, size)
-        except OSError as exc:  # (a store's failures are ObjectStoreError, not OSError)
+            written = write(temporary)
+        except OSError as exc:
             self._failed(object_key, exc)
             return
         self.adopt(object_key, temporary, written)

@@ -435,9 +435,6 @@ class _PartsBody:
     def tell(self) -> int:
         return self._position
 
-    def seekable(self) -> bool:
-        return True
-
     def seek(self, offset: int, whence: int = 0) -> int:
         target = offset + (0, self._position, self._size)[whence]
         if target < 0:
