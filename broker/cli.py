@@ -505,7 +505,7 @@ SERVE_OPTIONS: list[tuple[str, type | object, object, str]] = [
     (
         "compaction-retention-span-percent",
         _positive,
-        10,
+        5,
         "a level-2 object covers at most this share of its topic's retention.ms by record"
         " timestamps, so that time retention frees it at most that much late",
     ),

@@ -121,7 +121,7 @@ class CompactionSettings:
     reads_at_once: int = 1  # a job's GETs under way at once
     workers: str = "thread"  # or "process": the agent's pool (given to Compaction)
     lease_ms: int = 120_000
-    retention_span_percent: int = 10
+    retention_span_percent: int = 5
     l2_max_inputs: int = 256
     l2_max_wait_ms: int = 600_000
     cleaner_enabled: bool = True  # compacted topics' level 2 is their cleaner's

@@ -126,7 +126,7 @@ class BrokerConfig:
     # on for a local folder, and no store but a local folder takes True.
     local_segments: bool | None = None
     compaction_lease_ms: int = 120_000
-    compaction_retention_span_percent: int = 10
+    compaction_retention_span_percent: int = 5
     compaction_l2_max_inputs: int = 256
     compaction_l2_max_wait_ms: int = 600_000
     # Lightning topics' journal (broker.journal).
