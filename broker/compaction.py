@@ -4,22 +4,22 @@ The metadata side (plans, claims, the re-pointing commit) is `metadata.compactio
 
 Rules:
 
-- Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs
-  (up to `max_inputs` ingest files into one object, once that many or the job's limits
-  are reached or the oldest is twice `min_age_ms` old; an ingest file whose every entry
+- Every `interval_ms` an agent plans and runs jobs until none is left: level-1 jobs (up
+  to `max_inputs` ingest files into one object, once that many or the job's limits are
+  reached or the oldest is twice `min_age_ms` old; an ingest file whose every entry
   holds `promote_entry_bytes` or more enters level 1 as it is instead, in the claim's
-  transaction) first, then level-2 jobs (a
-  partition's level-1 entries, from up to `l2_max_inputs` objects, into a run of a
-  new object, which the next partitions of its topic, half due, share while their runs
-  fit whole; once they hold `max_job_bytes`, come from `l2_max_inputs` objects or have waited
-  `l2_max_wait_ms`, or the topic's retention span if that is shorter); at most
-  `max_jobs` at once. Any agent runs any
-  job: a plan claims its inputs in the metadata store, and a dead agent's claims expire
-  after `lease_ms`. A plan reads and decides outside SQLite's writer lock: level 1 reads
-  on a snapshot and then claims what is still free; level 2 is worked out on a snapshot
-  and written only if what it read is unchanged (metadata.optimistic), else run again
-  inside the transaction. Produce commits wait for the writer lock's longest holds, and
-  a level-2 plan inside it held it up to 54 ms (integration/bench/README.md, 28th pass).
+  transaction) first, then level-2 jobs (a partition's level-1 entries, from up to
+  `l2_max_inputs` objects, into a run of a new object, which the partitions next to it
+  in its topic, half due, share while their runs fit whole; once they hold
+  `max_job_bytes`, come from `l2_max_inputs` objects or have waited `l2_max_wait_ms`, or
+  the topic's retention span if that is shorter); at most `max_jobs` at once. Any agent
+  runs any job: a plan claims its inputs in the metadata store, and a dead agent's
+  claims expire after `lease_ms`. A plan reads and decides outside SQLite's writer lock:
+  level 1 reads on a snapshot and then claims what is still free; level 2 is worked out
+  on a snapshot and written only if what it read is unchanged (metadata.optimistic),
+  else run again inside the transaction. Produce commits wait for the writer lock's
+  longest holds, and a level-2 plan inside it held it up to 54 ms
+  (integration/bench/README.md, 28th pass).
 - A job reads its input entries (whole objects this agent has in its cache, otherwise
   ranged GETs, one per run of nearby entries of an object, `reads_at_once` of them under
   way at once), builds one object in the

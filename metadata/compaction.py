@@ -4,8 +4,9 @@ Levels. An ingest file is level 0: it holds many partitions, a little of each. A
 job merges up to `max_inputs` level-0 objects older than a minimum age into one object
 that holds, per partition, the batches of all its inputs in offset order. A level-2 job
 merges a partition's consecutive entries in up to `l2_max_inputs` level-1 objects into
-one run of a new object, with the runs of the next partitions of its topic whose
-level-1 data has waited half as long at least, while they fit the job whole (a level-1
+one run of a new object, with the runs of the partitions of its topic next to it (after
+it, then before it) whose level-1 data has waited half as long at least, while they fit
+the job whole (a level-1
 object holds them one after the other, so the job reads them in one range; and they
 leave level 1 together, so that they fall due together after: jobs of several
 partitions' runs, which a catch-up read of the topic reads with one GET each). It
@@ -515,14 +516,17 @@ def plan_l2(
     """Claim a partition whose level-1 entries are due for level 2 (they hold max_bytes,
     come from l2_max_inputs objects, or the oldest of them has waited max_wait_ms), and
     plan its first run of consecutive level-1 entries (those of two objects at least; a
-    run inside one object is read in one piece already, and is passed over). The next
-    partitions of the topic whose level-1 data has waited `JOIN_WAIT_SHARE` of the wait
-    at least join the job while their runs fit its limits whole: a level-1 object holds
+    run inside one object is read in one piece already, and is passed over). The
+    partitions of the topic next to it (the ones after it, then the ones before it)
+    whose level-1 data has waited `JOIN_WAIT_SHARE` of the wait at least join the job
+    while their runs fit its limits whole: a level-1 object holds
     the partitions of a topic one after the other, so that the job reads their runs in
     one range of each object (a job per partition would read each object once per
     partition), and they leave level 1 together, so that they fall due together after
     (partitions of a topic fill at about one rate: without the share each fell due a
-    moment after the one before it, and joined no job but its own).
+    moment after the one before it, and joined no job but its own; without the ones
+    before it, a half-due partition just before a due one fell due a pass later to find
+    its followers taken).
 
     `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
     that retention by time never waits long for the rest of an object); such a topic's
@@ -592,13 +596,26 @@ def _plan_l2_in(
             continue
         row, run = found  # the row less the runs passed over before the run
         group = [(row_key, row, topic_id, partition, run)]
+        join = partial(
+            _joining, tr, sub, group=group, now_ms=now_ms, limits=limits, wait_ms=wait_ms,
+            span=span, records=records,
+        )  # fmt: skip
         for next_key, next_value in rows[index + 1 :]:
-            joined = _joining(
-                tr, sub, next_key, next_value, group, now_ms, limits, wait_ms, span, records
-            )
+            joined = join(next_key, next_value)
             if joined is None:
                 break
             group.append(joined)
+        # Then the partitions before the first, which were not due on their own: left
+        # out, each would fall due a pass later to find its followers taken, a job of
+        # one run. Their rows are read again, as `_first_run` may have changed them.
+        for prev_key, _stale in reversed(rows[:index]):
+            prev_value = tr.get(prev_key)
+            if prev_value is None:
+                break
+            joined = join(prev_key, prev_value, before=True)
+            if joined is None:
+                break
+            group.insert(0, joined)
         entries: list[JobEntry] = []
         claimed_rows = []
         claims = []
@@ -681,14 +698,17 @@ def _joining(
     wait_ms: int,
     span: int | None,
     records: dict[str, ObjectRecord | None],
+    *,
+    before: bool = False,
 ) -> tuple[bytes, _L1Row, bytes, int, _Run] | None:
-    """The next row's partition with its run, if it joins the group's job: the next
-    partition of the same topic, unclaimed and due by `JOIN_WAIT_SHARE` of the wait,
-    with a run of two objects at least that fits the job's limits whole beside the
-    group's runs. None ends the group."""
-    _key, _row, topic_id, last_partition, _run = group[-1]
+    """The row's partition with its run, if it joins the group's job: the partition of
+    the same topic next after the group's last (before its first, with before), unclaimed
+    and due by `JOIN_WAIT_SHARE` of the wait, with a run of two objects at least that fits
+    the job's limits whole beside the group's runs. None ends the group on that side."""
+    _key, _row, topic_id, edge, _run = group[0] if before else group[-1]
     _tag, row_topic, row_partition = sub.unpack(row_key)
-    if bytes(row_topic) != topic_id or int(row_partition) != last_partition + 1:
+    wanted = edge - 1 if before else edge + 1
+    if bytes(row_topic) != topic_id or int(row_partition) != wanted:
         return None
     row = _L1Row.unpack(value)
     if row.node_id != NOBODY and row.expires_ms > now_ms:

@@ -545,6 +545,42 @@ def test_a_partition_joins_a_level_two_job_only_next_to_it_and_half_due(kv):
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1), (tid, 2)]
 
 
+def test_half_due_partitions_before_a_due_one_join_its_level_two_job_too(kv):
+    """A job starts at the first due partition of a plan's rows and takes the half-due
+    ones before it as well as after it: left out, p0 would fall due a pass later and
+    find p1 and p2 taken, a job of its one run."""
+    topic = _partitions_in_two_level_one_objects(kv, 4)
+    tid = topic.topic_id
+
+    def waited(partition: int, oldest_ms: int) -> None:
+        key = SUB.key(keys.L1_PARTITION, tid, partition)
+        kv.transact_sync(lambda tr: tr.set(key, keys.pack_value((400, 2, 0, -1, 0, oldest_ms))))
+
+    # p0 and p1 have waited half of the wait, p2 all of it, p3 less than half.
+    for partition, oldest_ms in ((0, NOW + 50), (1, NOW + 50), (2, NOW), (3, NOW + 51)):
+        waited(partition, oldest_ms)
+    plan = _plan_l2(kv, now=NOW + 100, wait=100)
+    assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1), (tid, 2)]
+    assert [p for _t, p, _e in plan.partitions()] == [0, 1, 2]
+    assert all(_l1_rows(kv)[p][3:5] == (1, NOW + 100 + LEASE) for p in (0, 1, 2))
+    assert _l1_rows(kv)[3][3] == -1  # not claimed
+    assert _commit(kv, plan, "z", size=1208, now=NOW + 100).committed
+    for partition in (0, 1, 2):  # their runs one after the other, in partition order
+        assert _full_entries(kv, topic, partition) == [
+            log.ChunkEntry("z", HEADER + 400 * partition, 400, 0, 3, 4, 10)
+        ]
+    assert _entries(kv, topic, 3) == [("x", 0, 1), ("y", 2, 3)]
+
+    # Before a due partition the group stops at one that has waited less than half.
+    kv.transact_sync(lambda tr: tr.clear_range(b"", b"\xff"))
+    topic = _partitions_in_two_level_one_objects(kv, 3)
+    tid = topic.topic_id
+    for partition, oldest_ms in ((0, NOW + 50), (1, NOW + 51), (2, NOW)):
+        waited(partition, oldest_ms)
+    plan = _plan_l2(kv, now=NOW + 100, wait=100)
+    assert [r[:2] for r in plan.level_one_rows] == [(tid, 2)]
+
+
 def test_partitions_take_turns_at_level_two_however_many_there_are(kv, monkeypatch):
     """A plan looks at the rows after the partition planned last, then from the first:
     with one partition a job, the first ones never take every job, and rows beyond what
