@@ -576,6 +576,7 @@ def _plan_l2_in(
     """`plan_l2` over the rows in [begin, end)."""
     rows = tr.get_range(begin, end, limit=SCAN)
     records: dict[str, ObjectRecord | None] = {}  # read once for every row looked at
+    rewritten: set[bytes] = set()  # rows this plan wrote (`_first_run`) or cleared
     for index, (row_key, value) in enumerate(rows):
         row = _L1Row.unpack(value)
         if row.node_id != NOBODY and row.expires_ms > now_ms:
@@ -584,11 +585,13 @@ def _plan_l2_in(
         topic_id, partition = bytes(topic_id), int(partition)
         if topic_id in cleaned_topics:
             tr.clear(row_key)
+            rewritten.add(row_key)
             continue
         span = spans.get(topic_id)
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
+        rewritten.add(row_key)
         found = _first_run(
             tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span, records
         )
@@ -607,10 +610,12 @@ def _plan_l2_in(
             group.append(joined)
         # Then the partitions before the first, which were not due on their own: left
         # out, each would fall due a pass later to find its followers taken, a job of
-        # one run. Their rows are read again, as `_first_run` may have changed them.
-        for prev_key, _stale in reversed(rows[:index]):
-            prev_value = tr.get(prev_key)
-            if prev_value is None:
+        # one run. A row this plan rewrote ends the group there: `_first_run` found no
+        # run in it, and reading it again would read the plan's own write, which a
+        # plan worked out on a snapshot cannot (metadata.optimistic: it would run
+        # again under the writer lock).
+        for prev_key, prev_value in reversed(rows[:index]):
+            if prev_key in rewritten:
                 break
             joined = join(prev_key, prev_value, before=True)
             if joined is None:

@@ -581,6 +581,30 @@ def test_half_due_partitions_before_a_due_one_join_its_level_two_job_too(kv):
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 2)]
 
 
+async def test_a_row_the_plan_rewrote_ends_the_backward_joins_without_reading_it_again(kv):
+    """p0's row says two level-1 objects but its entries are in x alone: the plan
+    rewrites the row (one object, waiting for more) and starts the job at p1. p0 is not
+    joined, and the plan, worked out on a snapshot, never reads its own write back
+    (which would run it again under the writer lock)."""
+    topic = _topic(kv, partitions=2)
+    tid = topic.topic_id
+    for name, partitions in (("x", (0, 1)), ("y", (1,))):
+        for half in "ab":
+            _append(kv, topic, f"{name}{half}", {p: [(1, 10)] for p in partitions})
+        assert _commit(kv, _plan_l1(kv), name).committed
+    p0_key = SUB.key(keys.L1_PARTITION, tid, 0)
+    kv.transact_sync(lambda tr: tr.set(p0_key, keys.pack_value((400, 2, 0, -1, 0, NOW))))
+    counts = OptimisticCounts()
+
+    def plan(tr):
+        return compaction.plan_l2(tr, SUB, 1, NOW, Limits(l2_max_inputs=2), LEASE, max_wait_ms=0)
+
+    found = await transact_optimistic(kv, plan, counts)
+    assert [r[:2] for r in found.level_one_rows] == [(tid, 1)]
+    assert (counts.applied, counts.changed, counts.overlapped) == (1, 0, 0)
+    assert _l1_rows(kv)[0] == (200, 1, 0, -1, 0, NOW)
+
+
 def test_partitions_take_turns_at_level_two_however_many_there_are(kv, monkeypatch):
     """A plan looks at the rows after the partition planned last, then from the first:
     with one partition a job, the first ones never take every job, and rows beyond what
