@@ -6,16 +6,14 @@ that holds, per partition, the batches of all its inputs in offset order. A leve
 merges a partition's consecutive entries in up to `l2_max_inputs` level-1 objects into
 one run of a new object, with the runs of the partitions of its topic next to it (after
 it, then before it) whose level-1 data has waited half as long at least, while they fit
-the job whole (a level-1
-object holds them one after the other, so the job reads them in one range; and they
-leave level 1 together, so that they fall due together after: jobs of several
-partitions' runs, which a catch-up read of the topic reads with one GET each). It
-starts once the partition's level-1
-entries hold `max_bytes`, or come from `l2_max_inputs` objects, or the oldest of them
-has waited `max_wait_ms` (less on a topic whose retention span is shorter: waiting
-longer than a run may cover gains nothing). A level-0 object whose every
-entry is already long (`Limits.promote_bytes`) is promoted to level 1 as it is, by its
-metadata alone. Batches are copied byte for byte; no offset
+the job whole (a level-1 object holds them one after the other, so the job reads them in
+one range; and they leave level 1 together, so that they fall due together after: jobs
+of several partitions' runs, which a catch-up read of the topic reads with one GET
+each). It starts once the partition's level-1 entries hold `max_bytes`, or come from
+`l2_max_inputs` objects, or the oldest of them has waited `max_wait_ms` (less on a topic
+whose retention span is shorter: waiting longer than a run may cover gains nothing). A
+level-0 object whose every entry is already long (`Limits.promote_bytes`) is promoted to
+level 1 as it is, by its metadata alone. Batches are copied byte for byte; no offset
 ever changes.
 
 Rules:
@@ -519,14 +517,13 @@ def plan_l2(
     run inside one object is read in one piece already, and is passed over). The
     partitions of the topic next to it (the ones after it, then the ones before it)
     whose level-1 data has waited `JOIN_WAIT_SHARE` of the wait at least join the job
-    while their runs fit its limits whole: a level-1 object holds
-    the partitions of a topic one after the other, so that the job reads their runs in
-    one range of each object (a job per partition would read each object once per
-    partition), and they leave level 1 together, so that they fall due together after
-    (partitions of a topic fill at about one rate: without the share each fell due a
-    moment after the one before it, and joined no job but its own; without the ones
-    before it, a half-due partition just before a due one fell due a pass later to find
-    its followers taken).
+    while their runs fit its limits whole: a level-1 object holds the partitions of a
+    topic one after the other, so that the job reads their runs in one range of each
+    object (a job per partition would read each object once per partition), and they
+    leave level 1 together, so that they fall due together after (partitions of a topic
+    fill at about one rate: without the share each fell due a moment after the one
+    before it, and joined no job but its own; without the ones before it, a half-due
+    partition just before a due one fell due a pass later to find its followers taken).
 
     `max_span_ms` per topic: the most a run may cover by its entries' max timestamps (so
     that retention by time never waits long for the rest of an object); such a topic's
