@@ -63,9 +63,11 @@ lint: $(STAMP)
 # Bytecode is written while testing, even where PYTHONDONTWRITEBYTECODE is set: pytest
 # keeps each test module's rewritten asserts beside it and reads them in every later pytest
 # process (a collection of the whole suite takes 6 s of CPU then, 18.6 without), and each
-# agent a test starts reads its modules compiled.
+# agent a test starts reads its modules compiled. PYTHONFAULTHANDLER: a crash in native
+# code (a client library's threads), even after the summary as the interpreter exits,
+# prints every thread's Python stack.
 TEST_WORKERS ?= 2
-PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -p no:cacheprovider
+PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile -m "not serial")
 test: $(STAMP) kcat prometheus jars lint
 	$(PYTEST) $(PARALLEL)

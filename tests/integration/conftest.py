@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -75,3 +76,18 @@ def spark(jars, tmp_path_factory):
     )
     yield session
     session.stop()
+    # The driver's JVM and py4j's threads end here, while the interpreter still runs: left
+    # to the interpreter's exit, a py4j daemon thread wakes while it shuts down, and the JVM
+    # ends only on reading its stdin's end after Python has gone.
+    from py4j.clientserver import FinalizerWorker
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()  # the finalizer thread's cue too: it looks once a second
+        gateway.proc.stdin.close()  # the gateway's JVM exits on its stdin's end
+        gateway.proc.wait(60)
+        SparkContext._gateway = SparkContext._jvm = None
+        for thread in threading.enumerate():
+            if isinstance(thread, FinalizerWorker):
+                thread.join(10)
