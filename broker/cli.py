@@ -33,8 +33,13 @@ from broker.supervisor import DEFAULT_STOP_GRACE_S, OnAgentExit, supervise
 ENV_PREFIX = "BUCKETLOG_"
 
 
+def env_name(option: str) -> str:
+    """The environment variable of command-line option `option` (without its dashes)."""
+    return ENV_PREFIX + option.upper().replace("-", "_")
+
+
 def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
+    return os.environ.get(env_name(name), default)
 
 
 def _bool(value: str) -> bool:
@@ -623,10 +628,6 @@ class ConfigError(ValueError):
     """A value of the environment or of the config file that cannot be taken."""
 
 
-def _env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper().replace("-", "_")
-
-
 def _convert(name: str, kind: Any, value: object, source: str) -> object:
     """`value` of option `name` from `source` as the option takes it."""
     try:
@@ -704,25 +705,25 @@ def build_parser(
         default=_env("config"),
         metavar="FILE",
         help=f"a TOML file of options (the environment and the command line win over it) "
-        f"[{_env_name('config')}]",
+        f"[{env_name('config')}]",
     )
     for name, kind, default, text in SERVE_OPTIONS + SERVE_FLAGS:
         env_value = _env(name)
         value: object = default
         if env_value is not None:
-            value = _convert(name, kind, env_value, f"environment {_env_name(name)}")
+            value = _convert(name, kind, env_value, f"environment {env_name(name)}")
         elif name in file_values:
             value = _convert(name, kind, file_values[name], file)
         if kind is _FLAG:
             serve.add_argument(
-                f"--{name}", action="store_true", default=value, help=f"{text} [{_env_name(name)}]"
+                f"--{name}", action="store_true", default=value, help=f"{text} [{env_name(name)}]"
             )
             continue
         serve.add_argument(
             f"--{name}",
             type=kind,  # type: ignore[arg-type]
             default=value,
-            help=f"{text} [{_env_name(name)}]",
+            help=f"{text} [{env_name(name)}]",
         )
     return parser
 

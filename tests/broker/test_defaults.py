@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from broker.cli import (
-    ENV_PREFIX,
     SERVE_FLAGS,
     SERVE_OPTIONS,
     config_from_args,
+    env_name,
     parse_serve_args,
 )
 from broker.compaction import CompactionSettings
@@ -21,8 +21,8 @@ from metadata.compaction import Limits
 @pytest.fixture(autouse=True)
 def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, *_ in SERVE_OPTIONS + SERVE_FLAGS:
-        monkeypatch.delenv(ENV_PREFIX + name.upper().replace("-", "_"), raising=False)
-    monkeypatch.delenv(ENV_PREFIX + "CONFIG", raising=False)
+        monkeypatch.delenv(env_name(name), raising=False)
+    monkeypatch.delenv(env_name("config"), raising=False)
 
 
 def test_the_command_line_without_options_is_the_configs_defaults() -> None:

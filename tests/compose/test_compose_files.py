@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.cli import ENV_PREFIX, SERVE_OPTIONS, build_parser, config_from_args
+from broker.cli import ENV_PREFIX, SERVE_OPTIONS, build_parser, config_from_args, env_name
 from metadata.fdb_kv import parse_fdb_url
 from tests.support.brokerproc import BrokerProcess, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "compose"
-SERVE_VARIABLES = {ENV_PREFIX + name.upper().replace("-", "_") for name, *_ in SERVE_OPTIONS}
+SERVE_VARIABLES = {env_name(name) for name, *_ in SERVE_OPTIONS}
 AGENTS = ("agent-1", "agent-2", "agent-3")
 
 
