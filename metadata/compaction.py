@@ -573,7 +573,7 @@ def _plan_l2_in(
     """`plan_l2` over the rows in [begin, end)."""
     rows = tr.get_range(begin, end, limit=SCAN)
     records: dict[str, ObjectRecord | None] = {}  # read once for every row looked at
-    rewritten: set[bytes] = set()  # rows this plan wrote (`_first_run`) or cleared
+    rewritten = -1  # the index of the last row before this one the plan wrote or cleared
     for index, (row_key, value) in enumerate(rows):
         row = _L1Row.unpack(value)
         if row.node_id != NOBODY and row.expires_ms > now_ms:
@@ -582,17 +582,17 @@ def _plan_l2_in(
         topic_id, partition = bytes(topic_id), int(partition)
         if topic_id in cleaned_topics:
             tr.clear(row_key)
-            rewritten.add(row_key)
+            rewritten = index
             continue
         span = spans.get(topic_id)
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
-        rewritten.add(row_key)
         found = _first_run(
             tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span, records
         )
         if found is None:
+            rewritten = index
             continue
         row, run = found  # the row less the runs passed over before the run
         group = [(row_key, row, topic_id, partition, run)]
@@ -611,9 +611,7 @@ def _plan_l2_in(
         # run in it, and reading it again would read the plan's own write, which a
         # plan worked out on a snapshot cannot (metadata.optimistic: it would run
         # again under the writer lock).
-        for prev_key, prev_value in reversed(rows[:index]):
-            if prev_key in rewritten:
-                break
+        for prev_key, prev_value in reversed(rows[rewritten + 1 : index]):
             joined = join(prev_key, prev_value, before=True)
             if joined is None:
                 break
