@@ -85,6 +85,12 @@ def _l1_rows(kv: KV) -> dict[int, tuple]:
     return {int(SUB.unpack(k)[2]): keys.unpack_value(v) for k, v in rows}
 
 
+def _set_l1_row(kv: KV, topic_id: bytes, partition: int, row: tuple) -> None:
+    """Writes a partition's level-1 row as `_l1_rows` reads it."""
+    key = SUB.key(keys.L1_PARTITION, topic_id, partition)
+    kv.transact_sync(lambda tr: tr.set(key, keys.pack_value(row)))
+
+
 def test_a_level_one_job_replaces_exactly_the_planned_entries(kv):
     topic = _topic(kv)
     _append(kv, topic, "a", {0: [(2, 10)], 1: [(1, 15)]})  # p0 0-1, p1 0
@@ -527,20 +533,18 @@ def test_a_partition_joins_a_level_two_job_only_next_to_it_and_half_due(kv):
     other = _plan_l2(kv, node=2, l2_max_inputs=2, max_bytes=400)
     assert [r[:2] for r in other.level_one_rows] == [(tid, 0)]
     kv.transact_sync(lambda tr: compaction.release(tr, SUB, other, 2))
-    row_key = SUB.key(keys.L1_PARTITION, tid, 1)
-    kv.transact_sync(lambda tr: tr.set(row_key, keys.pack_value((400, 2, 0, 9, NOW + LEASE, NOW))))
+    _set_l1_row(kv, tid, 1, (400, 2, 0, 9, NOW + LEASE, NOW))
     plan = _plan_l2(kv, l2_max_inputs=2)
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0)]
     kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
-    kv.transact_sync(lambda tr: tr.set(row_key, keys.pack_value((400, 2, 0, -1, 0, NOW))))
+    _set_l1_row(kv, tid, 1, (400, 2, 0, -1, 0, NOW))
     # Due by the wait alone: a partition whose level-1 data has waited less than half of
     # it does not join; one that has waited half of it does (and falls due with them).
-    p2_key = SUB.key(keys.L1_PARTITION, tid, 2)
-    kv.transact_sync(lambda tr: tr.set(p2_key, keys.pack_value((400, 2, 0, -1, 0, NOW + 51))))
+    _set_l1_row(kv, tid, 2, (400, 2, 0, -1, 0, NOW + 51))
     plan = _plan_l2(kv, now=NOW + 100, wait=100)
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1)]
     kv.transact_sync(lambda tr: compaction.release(tr, SUB, plan, 1))
-    kv.transact_sync(lambda tr: tr.set(p2_key, keys.pack_value((400, 2, 0, -1, 0, NOW + 50))))
+    _set_l1_row(kv, tid, 2, (400, 2, 0, -1, 0, NOW + 50))
     plan = _plan_l2(kv, now=NOW + 100, wait=100)
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1), (tid, 2)]
 
@@ -552,13 +556,9 @@ def test_half_due_partitions_before_a_due_one_join_its_level_two_job_too(kv):
     topic = _partitions_in_two_level_one_objects(kv, 4)
     tid = topic.topic_id
 
-    def waited(partition: int, oldest_ms: int) -> None:
-        key = SUB.key(keys.L1_PARTITION, tid, partition)
-        kv.transact_sync(lambda tr: tr.set(key, keys.pack_value((400, 2, 0, -1, 0, oldest_ms))))
-
     # p0 and p1 have waited half of the wait, p2 all of it, p3 less than half.
     for partition, oldest_ms in ((0, NOW + 50), (1, NOW + 50), (2, NOW), (3, NOW + 51)):
-        waited(partition, oldest_ms)
+        _set_l1_row(kv, tid, partition, (400, 2, 0, -1, 0, oldest_ms))
     plan = _plan_l2(kv, now=NOW + 100, wait=100)
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 0), (tid, 1), (tid, 2)]
     assert [p for _t, p, _e in plan.partitions()] == [0, 1, 2]
@@ -576,7 +576,7 @@ def test_half_due_partitions_before_a_due_one_join_its_level_two_job_too(kv):
     topic = _partitions_in_two_level_one_objects(kv, 3)
     tid = topic.topic_id
     for partition, oldest_ms in ((0, NOW + 50), (1, NOW + 51), (2, NOW)):
-        waited(partition, oldest_ms)
+        _set_l1_row(kv, tid, partition, (400, 2, 0, -1, 0, oldest_ms))
     plan = _plan_l2(kv, now=NOW + 100, wait=100)
     assert [r[:2] for r in plan.level_one_rows] == [(tid, 2)]
 
@@ -592,8 +592,7 @@ async def test_a_row_the_plan_rewrote_ends_the_backward_joins_without_reading_it
         for half in "ab":
             _append(kv, topic, f"{name}{half}", {p: [(1, 10)] for p in partitions})
         assert _commit(kv, _plan_l1(kv), name).committed
-    p0_key = SUB.key(keys.L1_PARTITION, tid, 0)
-    kv.transact_sync(lambda tr: tr.set(p0_key, keys.pack_value((400, 2, 0, -1, 0, NOW))))
+    _set_l1_row(kv, tid, 0, (400, 2, 0, -1, 0, NOW))
     counts = OptimisticCounts()
 
     def plan(tr):
@@ -836,9 +835,7 @@ def test_a_row_of_the_older_five_field_format_reads_as_waiting_since_ever(kv):
     topic = _two_level_one_objects(kv)
     wait = NOW  # what a row whose time reads as 0 has waited at NOW
     assert _plan_l2(kv, wait=wait) is None  # written just now
-    row_key = SUB.key(keys.L1_PARTITION, topic.topic_id, 0)
-    older = keys.pack_value((400, 2, 0, -1, 0))  # as written before rows kept a time
-    kv.transact_sync(lambda tr: tr.set(row_key, older))
+    _set_l1_row(kv, topic.topic_id, 0, (400, 2, 0, -1, 0))  # as before rows kept a time
     assert _l1_rows(kv)[0] == (400, 2, 0, -1, 0)
     # A level-1 job adding to it keeps its (unknown, so oldest possible) time.
     _append(kv, topic, "e", {0: [(1, 50)]})
