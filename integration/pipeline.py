@@ -158,7 +158,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from spark_support import spark_session
+    from spark_support import spark_session, stop_session
 
     spark = spark_session("bucketlog-pipeline")
     query = start(
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         query.stop()
     finally:
-        spark.stop()
+        stop_session(spark)
     return 0
 
 

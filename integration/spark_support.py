@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,6 +76,28 @@ def spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop `spark`, and with it the driver's JVM and py4j's threads, while the interpreter
+    still runs: left to the interpreter's exit, py4j's finalizer thread (a daemon) wakes
+    while it shuts down, and the JVM ends only on reading its stdin's end after Python has
+    gone. A session started after this launches a JVM of its own. Under spark-submit the
+    JVM is this process's parent, not its child, and is left to it."""
+    from py4j.clientserver import FinalizerWorker
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None or gateway.proc is None:  # no gateway, or spark-submit's
+        return
+    gateway.shutdown()  # the finalizer thread's cue too: it looks once a second
+    gateway.proc.stdin.close()  # the gateway's JVM exits on its stdin's end
+    gateway.proc.wait(60)
+    SparkContext._gateway = SparkContext._jvm = None
+    for thread in threading.enumerate():
+        if isinstance(thread, FinalizerWorker):
+            thread.join(10)
 
 
 def kafka_options(bootstrap: str, **options: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -66,7 +65,7 @@ def shared_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
 @pytest.fixture(scope="session")
 def spark(jars, tmp_path_factory):
     """The one SparkSession of the test run (starting one takes several seconds)."""
-    from spark_support import spark_session
+    from spark_support import spark_session, stop_session
 
     session = spark_session(
         "bucketlog-tests",
@@ -75,19 +74,4 @@ def spark(jars, tmp_path_factory):
         conf={"spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse"))},
     )
     yield session
-    session.stop()
-    # The driver's JVM and py4j's threads end here, while the interpreter still runs: left
-    # to the interpreter's exit, a py4j daemon thread wakes while it shuts down, and the JVM
-    # ends only on reading its stdin's end after Python has gone.
-    from py4j.clientserver import FinalizerWorker
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    if gateway is not None:
-        gateway.shutdown()  # the finalizer thread's cue too: it looks once a second
-        gateway.proc.stdin.close()  # the gateway's JVM exits on its stdin's end
-        gateway.proc.wait(60)
-        SparkContext._gateway = SparkContext._jvm = None
-        for thread in threading.enumerate():
-            if isinstance(thread, FinalizerWorker):
-                thread.join(10)
+    stop_session(session)
