@@ -123,6 +123,82 @@ def level_bytes(system: bench.Bucketlog) -> dict[str, int]:
         kv.close()
 
 
+def object_census(system: bench.Bucketlog) -> list[dict[str, Any]]:
+    """Every object the metadata still names (its delete delay not begun), with its
+    level, size, the bytes its chunk entries still hold, the partitions they are of and
+    the newest record time of the oldest and the newest of them: the objects a catch-up
+    read of the retained range reads."""
+    from metadata import keys
+    from metadata.log import object_entries
+    from metadata.sqlite_kv import SQLiteKV
+
+    path = system.dir / "data" / "metadata.db"
+    if not path.exists():
+        return []
+    sub = keys.cluster_subspace("default")
+
+    def read(tr: Any) -> list[dict[str, Any]]:
+        out = []
+        begin, end = sub.range(keys.OBJECT)
+        for key, value in tr.get_range(begin, end):
+            size, _live, created, dead_since, level = (*keys.unpack_value(value), None, None)[:5]
+            if dead_since is not None or level is None:
+                continue
+            object_key = sub.unpack(key)[1]
+            entries = object_entries(tr, sub, object_key)
+            if not entries:
+                continue
+            times = [e.max_timestamp for _t, _p, e in entries]
+            out.append(
+                {
+                    "level": int(level),
+                    "size": int(size),
+                    "live": sum(e.length for _t, _p, e in entries),
+                    "partitions": len({(t, p) for t, p, _e in entries}),
+                    "created_ms": int(created),
+                    "oldest_ms": min(times),
+                    "newest_ms": max(times),
+                }
+            )
+        return out
+
+    kv = SQLiteKV(str(path))
+    try:
+        return kv.read_sync(read)
+    finally:
+        kv.close()
+
+
+def census_summary(census: list[dict[str, Any]]) -> str:
+    """The census by level: objects, their sizes and live shares (10th, 50th and 90th
+    percentiles), partitions per object and the seconds between its oldest and newest
+    record times (reports made before the census: "")."""
+    if not census:
+        return ""
+
+    def tenths(values: list[float]) -> str:
+        values = sorted(values)
+        at = [values[min(len(values) - 1, len(values) * q // 10)] for q in (1, 5, 9)]
+        return " / ".join(f"{v:.3g}" for v in at)
+
+    parts = []
+    for level in sorted({o["level"] for o in census}, reverse=True):
+        found = [o for o in census if o["level"] == level]
+        total = sum(o["size"] for o in found) / MB
+        live = sum(o["live"] for o in found) / MB
+        parts.append(
+            f"level {level} {len(found)} objects of {total:.0f} MB ({live:.0f} MB live): size MB"
+            f" {tenths([o['size'] / MB for o in found])}, live share"
+            f" {tenths([o['live'] / o['size'] for o in found])}, partitions"
+            f" {tenths([o['partitions'] for o in found])}, record time span s"
+            f" {tenths([(o['newest_ms'] - o['oldest_ms']) / 1000 for o in found])}"
+        )
+    return (
+        "Objects the metadata names as the catch-up read began, by level (10th / 50th / 90th"
+        f" percentiles): {'; '.join(parts)}."
+    )
+
+
 def agent_stats(system: bench.Bucketlog) -> dict[str, Any]:
     path = system.dir / "data" / f"stats-{system.port}.json"
     try:
@@ -549,6 +625,9 @@ def markdown(report: dict[str, Any]) -> str:
     levels = read_levels(report["catch_up"])
     if levels:
         lines += ["", levels]
+    census = census_summary(report.get("objects_at_catch_up", []))
+    if census:
+        lines += ["", census]
     last = report["samples"][-1]
     lines += ["", steady_summary(report), "", requests_summary(report), ""]
     lines += [
@@ -672,6 +751,7 @@ def main() -> int:
         time.sleep(retention_check_s(agent_args) + 1)
         retained = retained_records(system.bootstrap, topic, args.partitions)
         log(f"catch-up read of {retained} records")
+        census = object_census(system)
         caught_up = catch_up(system, topic, retained)
         caught_up["asked"] = retained
         set_retention(system.bootstrap, topic, args.retention_ms)
@@ -717,6 +797,7 @@ def main() -> int:
         "produce_runs": runs,
         "samples": sampler.samples,
         "catch_up": caught_up,
+        "objects_at_catch_up": census,
         "fresh": fresh,
         "png": f"{stem}.png",
     }
