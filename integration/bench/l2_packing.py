@@ -17,9 +17,10 @@ at `--job-mb-s`, then commits.
 What it does not model: retention (the front of the log), the object store, several
 agents, failures, and ingest files that wait for a level-1 job (every file here is
 promoted as it is). It foretold level 2's grouping and not level 1's: with a rule that
-joined partitions whatever their wait it gave level-2 jobs of 64 MB in the median, and a
-soak's catch-up met objects of 62.5 MB, but its level 1 held the same bytes as before,
-while the soaks' held 1.5 to 1.6 times as much (integration/bench/README.md, 60th pass). What it reports of the level-2 jobs after `--warmup-s`: their number
+joined partitions whatever their wait it gave level-2 jobs of 64 MB in the median, and
+one soak's catch-up of three met objects of 62.5 MB (50-52 in the other two), but its
+level 1 held the same bytes as before, while the soaks' held 1.5 to 1.6 times as much
+(integration/bench/README.md, 60th pass). What it reports of the level-2 jobs after `--warmup-s`: their number
 and sizes (a catch-up read of every partition reads each output whole with one GET,
 `broker.readahead`: GETs per GB is the job count per GB), partitions per job, the spread
 of their batches' timestamps, and, weighted by bytes, how long a byte waits in its

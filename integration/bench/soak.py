@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -49,6 +49,7 @@ sys.path.insert(0, str(HERE))
 import run as bench  # noqa: E402  (the harness's helpers: systems, tools, counters)
 
 MB = 1_000_000
+T = TypeVar("T")
 
 
 _stores: dict[str, Any] = {}  # one LocalObjectStore per agent's folder, for every sample
@@ -99,11 +100,7 @@ def level_bytes(system: bench.Bucketlog) -> dict[str, int]:
     names them ("L1": referenced level-1 objects; "L1 dead": level-1 objects waiting out
     the delete delay), read from the agent's SQLite file."""
     from metadata import keys
-    from metadata.sqlite_kv import SQLiteKV
 
-    path = system.dir / "data" / "metadata.db"
-    if not path.exists():
-        return {}
     sub = keys.cluster_subspace("default")
 
     def read(tr: Any) -> dict[str, int]:
@@ -116,6 +113,17 @@ def level_bytes(system: bench.Bucketlog) -> dict[str, int]:
             out[name] = out.get(name, 0) + int(size)
         return out
 
+    return read_metadata(system, read, {})
+
+
+def read_metadata(system: bench.Bucketlog, read: Callable[[Any], T], missing: T) -> T:
+    """`read` run in a read transaction of the agent's SQLite file (`missing` before the
+    file exists)."""
+    from metadata.sqlite_kv import SQLiteKV
+
+    path = system.dir / "data" / "metadata.db"
+    if not path.exists():
+        return missing
     kv = SQLiteKV(str(path))
     try:
         return kv.read_sync(read)
@@ -130,11 +138,7 @@ def object_census(system: bench.Bucketlog) -> list[dict[str, Any]]:
     read of the retained range reads."""
     from metadata import keys
     from metadata.log import object_entries
-    from metadata.sqlite_kv import SQLiteKV
 
-    path = system.dir / "data" / "metadata.db"
-    if not path.exists():
-        return []
     sub = keys.cluster_subspace("default")
 
     def read(tr: Any) -> list[dict[str, Any]]:
@@ -162,11 +166,8 @@ def object_census(system: bench.Bucketlog) -> list[dict[str, Any]]:
             )
         return out
 
-    kv = SQLiteKV(str(path))
-    try:
-        return kv.read_sync(read)
-    finally:
-        kv.close()
+    census: list[dict[str, Any]] = read_metadata(system, read, [])
+    return census
 
 
 def census_summary(census: list[dict[str, Any]]) -> str:
