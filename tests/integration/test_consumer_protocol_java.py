@@ -116,7 +116,9 @@ def test_java_consumers_share_the_partitions_evenly_and_read_everything_once(boo
         rf"^{re.escape(group)}\s+{re.escape(topic)}\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", table, re.M
     )
     assert len(rows) == PARTITIONS, table
-    assert all(int(current) == int(end) == RECORDS // PARTITIONS for _p, current, end, _l in rows)
+    assert all(
+        int(current) == int(end) == RECORDS // PARTITIONS for _p, current, end, _l in rows
+    ), table
     listed = run_tool(
         "kafka-consumer-groups", "--bootstrap-server", bootstrap, "--list", "--type", "consumer"
     ).stdout
