@@ -64,6 +64,7 @@ from metadata.lifecycle import ObjectRecord, get_objects, put_object, tally, unr
 from metadata.log import (
     INGEST_LEVEL,
     ChunkEntry,
+    decode_entry,
     entry_keys,
     entry_rows,
     entry_value,
@@ -360,7 +361,9 @@ def _claim(node_id: int, now_ms: int, lease_ms: int) -> bytes:
 @dataclass(frozen=True, slots=True)
 class _L1Row:
     """(L1_PARTITION, topic, partition): roughly what of the partition waits in level 1
-    (retention may have taken some since; a plan reads the entries themselves).
+    (retention may have taken some since, and a job that takes part of an object's
+    entries of the partition counts the object as gone, as does the next one: a plan
+    reads the entries themselves, and a row goes only when they say it is empty).
 
     `oldest_ms`: when the oldest of it arrived in level 1. Set when the row is created,
     kept while the row grows, and moved on (never back) when a job or a plan takes the
@@ -418,6 +421,9 @@ class _Run:
     # A limit or a gap in the offsets ended it while level-1 entries went on (False: it
     # holds all of the partition's level 1 up to a level-0 entry, or up to its end).
     cut: bool = False
+    # An entry of a level-0 object still queued for level 1 comes next (before anything,
+    # when there are no entries): the partition's level 1 is not complete there yet.
+    queued_next: bool = False
 
 
 def _level_one_run(
@@ -442,6 +448,8 @@ def _level_one_run(
         key = entry.object_key
         record = records[key]
         if record is None or record.level != L1:
+            if _queued(tr, sub, key, record):
+                return _run(run, True, records, queued_next=True)
             if run:
                 return _run(run, True, records)
             skipped += 1
@@ -493,9 +501,18 @@ def _run(
     records: Mapping[str, ObjectRecord | None],
     *,
     cut: bool = False,
+    queued_next: bool = False,
 ) -> _Run:
     last = records.get(run[-1].object_key) if run else None
-    return _Run(run, ended, 0 if last is None else last.created_ms, cut)
+    return _Run(run, ended, 0 if last is None else last.created_ms, cut, queued_next)
+
+
+def _queued(tr: ReadTransaction, sub: keys.Subspace, key: str, record: ObjectRecord | None) -> bool:
+    """Whether the object is a level-0 object still queued for level 1 (not one left out
+    of the queue for good, too large for a job, nor one past its references)."""
+    if record is None or record.level != INGEST_LEVEL or record.dead_since_ms is not None:
+        return False
+    return tr.get(sub.key(keys.L0_OBJECT, record.created_ms, key)) is not None
 
 
 def plan_l2(
@@ -529,6 +546,14 @@ def plan_l2(
     that retention by time never waits long for the rest of an object); such a topic's
     level-1 data waits at most that long too, since a longer wait makes no longer runs.
     None when no partition has such a run.
+
+    Level 1 leaves for level 2 in offset order: a partition whose level-1 data begins
+    at, or just after, an entry of a level-0 object still queued for a level-1 job waits
+    for that object, and so does a run inside one object that ends at such an entry.
+    Taken on, the partition's later data would leave that entry to reach level 1 alone
+    between level-2 entries, a run no plan can take: its object, dead but for it, kept
+    until retention (most flushes are promoted as they are, while the few holding a
+    small entry wait for a level-1 job).
 
     `cleaned_topics` (compacted topics) are left to their cleaner, which writes objects of
     one partition itself: their rows go.
@@ -588,6 +613,8 @@ def _plan_l2_in(
         wait_ms = max_wait_ms if span is None else min(max_wait_ms, span)
         if not row.due(now_ms, limits, wait_ms):
             continue
+        if _behind_level_zero(tr, sub, topic_id, partition, row.first_offset, records):
+            continue
         found = _first_run(
             tr, sub, row_key, row, topic_id, partition, now_ms, limits, wait_ms, span, records
         )
@@ -638,6 +665,33 @@ def _plan_l2_in(
     return None
 
 
+def _behind_level_zero(
+    tr: ReadTransaction,
+    sub: keys.Subspace,
+    topic_id: bytes,
+    partition: int,
+    first_offset: int,
+    records: dict[str, ObjectRecord | None],
+) -> bool:
+    """Whether the partition's entry just before its level-1 data is in a level-0 object
+    still queued for level 1. Such a partition waits: its level-1 data came there first
+    only because its objects were promoted as they were, while the object before them
+    waits for a level-1 job. Taken now, its run would go to level 2 without that entry,
+    which, arriving in level 1 after it, would find level-2 data next to it and, a run
+    inside one object, be passed over for good: its level-1 object kept (for the rest of
+    retention) for one partition's entry."""
+    begin, _end = sub.range(keys.CHUNK, topic_id, partition)
+    before = tr.get_range(
+        begin, sub.key(keys.CHUNK, topic_id, partition, first_offset), limit=1, reverse=True
+    )
+    if not before:
+        return False
+    key = decode_entry(sub, *before[0]).object_key
+    if key not in records:
+        records[key] = get_objects(tr, sub, [key])[0]
+    return _queued(tr, sub, key, records[key])
+
+
 def _first_run(
     tr: Transaction,
     sub: keys.Subspace,
@@ -658,8 +712,9 @@ def _first_run(
     for _ in range(PASSED_OVER):
         run = _level_one_run(tr, sub, topic_id, partition, offset, limits, span, records)
         if not run.entries:
-            tr.clear(row_key)  # nothing (left) in level 1: the row was stale
-            return None
+            if not run.queued_next:
+                tr.clear(row_key)  # nothing (left) in level 1: the row was stale
+            return None  # (or it waits for the level-0 entry at its head)
         first = run.entries[0]
         if len({e.object_key for e in run.entries}) >= 2:
             return row, run
@@ -670,18 +725,21 @@ def _first_run(
             # next level-1 objects of the partition.
             tr.set(row_key, _L1Row(run_bytes, 1, first.base_offset, oldest_ms=oldest).pack())
             return None
+        if run.queued_next:
+            # Before a level-0 entry still to come to level 1: the run grows with it.
+            return None
         # A run inside one object that can grow no more: passed over for good.
+        left_bytes, left_objects = row.size - run_bytes, row.objects - 1
         row = _L1Row(
-            row.size - run_bytes,
-            row.objects - 1,
+            max(1, left_bytes),
+            max(1, left_objects),
             run.entries[-1].last_offset + 1,
             oldest_ms=oldest,
         )
-        if row.objects <= 0 or row.size <= 0:
-            tr.clear(row_key)
-            return None
         tr.set(row_key, row.pack())
-        if not row.due(now_ms, limits, wait_ms):
+        # The counts are a guide only (`_took_level_one`): where they say nothing is
+        # left, the entries after are read (a row found stale there is cleared).
+        if left_bytes > 0 and left_objects > 0 and not row.due(now_ms, limits, wait_ms):
             return None  # what is left is not due yet
         offset = row.first_offset
     return None
@@ -714,6 +772,8 @@ def _joining(
     if row.node_id != NOBODY and row.expires_ms > now_ms:
         return None
     if not row.due(now_ms, limits, int(wait_ms * JOIN_WAIT_SHARE)):
+        return None
+    if _behind_level_zero(tr, sub, topic_id, int(row_partition), row.first_offset, records):
         return None
     run = _level_one_run(
         tr, sub, topic_id, int(row_partition), row.first_offset, limits, span, records
@@ -1086,8 +1146,33 @@ def _took_level_one(
             oldest_ms=oldest,
         )
         if row.size <= 0 or row.objects <= 0:
-            clears.append(row_key)
-        else:
-            writes.append((row_key, row.pack()))
+            # The counts are a guide (a job that takes part of an object's entries of the
+            # partition counts the object as gone, and the next job again): the entry
+            # after the run says whether level 1 still holds any of the partition.
+            after = _entry_after(tr, sub, topic_id, partition, entries[-1].last_offset)
+            if after is None or not _in_level_one(tr, sub, after, prepared.plan):
+                clears.append(row_key)
+                continue
+            row = replace(row, size=max(row.size, after.length), objects=max(row.objects, 1))
+        writes.append((row_key, row.pack()))
     tr.set_many(writes)
     tr.clear_many(clears)
+
+
+def _entry_after(
+    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int, offset: int
+) -> ChunkEntry | None:
+    """The partition's entry after the one ending at `offset` (None: none yet)."""
+    _begin, end = sub.range(keys.CHUNK, topic_id, partition)
+    begin = sub.key(keys.CHUNK, topic_id, partition, offset) + b"\x00"
+    found = tr.get_range(begin, end, limit=1)
+    return decode_entry(sub, *found[0]) if found else None
+
+
+def _in_level_one(tr: ReadTransaction, sub: keys.Subspace, entry: ChunkEntry, plan: Plan) -> bool:
+    """Whether the entry is in a level-1 object: one of the plan's inputs (each of level
+    1, and written by the commit, so not read again), or one whose record says so."""
+    if entry.object_key in set(plan.input_keys):
+        return True
+    record = get_objects(tr, sub, [entry.object_key])[0]
+    return record is not None and record.level == L1 and record.dead_since_ms is None

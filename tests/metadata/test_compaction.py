@@ -1041,6 +1041,121 @@ def test_objects_of_entries_as_large_as_a_job_makes_enter_level_one_as_they_are(
     ]
 
 
+def test_a_partition_behind_a_queued_ingest_file_waits_for_it_to_reach_level_one(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]})  # offset 0, 100 bytes: merged by a job
+    _append(kv, topic, "b", {0: [(1, 20)]}, length=300)  # 1: promoted as it is
+    _append(kv, topic, "c", {0: [(1, 30)]}, length=300)  # 2: promoted as it is
+    assert _plan_l1(kv, promote_bytes=250) is None  # a alone is no job yet
+    assert [_object(kv, k).level for k in "abc"] == [0, L1, L1]
+    assert _l1_rows(kv)[0][:3] == (600, 2, 1)
+
+    # b and c are due, but a holds the offset before them and waits for a level-1 job:
+    # taken now, they would leave a's entry to reach level 1 after them, alone.
+    assert _plan_l2(kv, now=NOW + 1, wait=0) is None
+    assert _l1_rows(kv)[0][3] == -1  # nothing claimed
+
+    _append(kv, topic, "d", {0: [(1, 40)]})  # offset 3
+    l1 = _plan_l1(kv, promote_bytes=250)
+    assert l1 is not None and l1.input_keys == ["a", "d"]
+    assert _commit(kv, l1, "x").committed
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0)
+    assert l2 is not None
+    taken = [(job.entry.object_key, job.entry.base_offset) for job in l2.entries]
+    assert taken == [("x", 0), ("b", 1), ("c", 2), ("x", 3)]
+    assert _commit(kv, l2, "z", now=NOW + 1).committed
+    assert [e.object_key for e in _full_entries(kv, topic)] == ["z"]
+    assert _l1_rows(kv) == {}
+
+
+def test_a_level_one_run_before_a_queued_ingest_files_entry_waits_for_it(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]}, length=300)  # offset 0: promoted
+    _append(kv, topic, "b", {0: [(1, 20)]})  # 1: waits for a level-1 job
+    _append(kv, topic, "c", {0: [(1, 30)]}, length=300)  # 2
+    _append(kv, topic, "d", {0: [(1, 40)]}, length=300)  # 3
+    assert _plan_l1(kv, promote_bytes=250) is None
+    assert _l1_rows(kv)[0][:3] == (900, 3, 0)
+
+    # a's run ends at b, still to come: it waits for b rather than be passed over for
+    # good, and c and d wait behind it (taken now, they would leave a alone).
+    assert _plan_l2(kv, now=NOW + 1, wait=0) is None
+    assert _l1_rows(kv)[0] == (900, 3, 0, -1, 0, NOW)
+
+    _append(kv, topic, "e", {0: [(1, 50)]})  # 4
+    l1 = _plan_l1(kv, promote_bytes=250)
+    assert l1 is not None and l1.input_keys == ["b", "e"]
+    assert _commit(kv, l1, "x").committed
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0)
+    taken = [(job.entry.object_key, job.entry.base_offset) for job in l2.entries]
+    assert taken == [("a", 0), ("x", 1), ("c", 2), ("d", 3), ("x", 4)]
+
+
+def test_a_partition_whose_level_one_begins_at_a_queued_ingest_files_entry_waits(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]}, length=300)  # offset 0
+    _append(kv, topic, "b", {0: [(1, 20)]}, length=300)  # 1
+    _append(kv, topic, "c", {0: [(1, 30)]})  # 2: waits for a level-1 job
+    _append(kv, topic, "d", {0: [(1, 40)]}, length=300)  # 3
+    _append(kv, topic, "e", {0: [(1, 50)]}, length=300)  # 4
+    assert _plan_l1(kv, promote_bytes=250) is None
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0)
+    assert l2 is not None and l2.input_keys == ["a", "b"]  # a run of two objects goes
+    assert _commit(kv, l2, "z", now=NOW + 1).committed
+    assert _l1_rows(kv)[0][2] == 2  # level 1 from c's offset on
+
+    # c is still level 0: d and e wait for it rather than leave it behind.
+    assert _plan_l2(kv, now=NOW + 2, wait=0) is None
+    _append(kv, topic, "f", {0: [(1, 60)]})  # 5
+    assert _commit(kv, _plan_l1(kv, promote_bytes=250), "x").committed
+    l2 = _plan_l2(kv, now=NOW + 2, wait=0)
+    taken = [(job.entry.object_key, job.entry.base_offset) for job in l2.entries]
+    assert taken == [("x", 2), ("d", 3), ("e", 4), ("x", 5)]
+
+
+def test_a_level_two_commit_keeps_the_row_while_level_one_holds_more_than_it_counts(kv):
+    topic = _topic(kv, partitions=1)
+    for key, ts in (("a", 10), ("b", 20), ("c", 30)):  # offsets 0, 1, 2
+        _append(kv, topic, key, {0: [(1, ts)]}, length=300)
+    assert _plan_l1(kv, promote_bytes=250) is None
+    # The row counts less than level 1 holds (a job that took part of an object's
+    # entries of the partition counted the object gone, and the next one again).
+    _set_l1_row(kv, topic.topic_id, 0, (600, 2, 0, -1, 0, NOW))
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0, max_entries=2)
+    assert l2 is not None and l2.input_keys == ["a", "b"]
+    assert _commit(kv, l2, "z", now=NOW + 1).committed
+    # c is still in level 1: its row stays, from c's offset, rather than go with c left
+    # out of every later plan.
+    assert _l1_rows(kv)[0][1:3] == (1, 2)
+    assert _l1_rows(kv)[0][0] == 300
+
+
+def test_a_pass_over_that_empties_the_rows_counts_reads_on(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]}, length=300)  # offset 0
+    _append(kv, topic, "big", {0: [(1, 20)]}, length=1000)  # 1: too large for a job
+    _append(kv, topic, "c", {0: [(1, 30)]}, length=300)  # 2
+    _append(kv, topic, "d", {0: [(1, 40)]}, length=300)  # 3
+    assert _plan_l1(kv, promote_bytes=250, max_bytes=900) is None
+    assert "big" not in _claims(kv)  # left in level 0 for good
+    _set_l1_row(kv, topic.topic_id, 0, (300, 2, 0, -1, 0, NOW))  # counts short of c and d
+    # a's run ends at big and is passed over; the counts say nothing is left, yet c and
+    # d are: the plan reads on and takes them.
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0)
+    assert l2 is not None and l2.input_keys == ["c", "d"]
+
+
+def test_a_partition_behind_an_ingest_file_out_of_the_queue_does_not_wait(kv):
+    topic = _topic(kv, partitions=1)
+    _append(kv, topic, "a", {0: [(1, 10)]}, length=1000)  # larger than a job: dropped
+    _append(kv, topic, "b", {0: [(1, 20)]}, length=300)
+    _append(kv, topic, "c", {0: [(1, 30)]}, length=300)
+    assert _plan_l1(kv, promote_bytes=250, max_bytes=900) is None
+    assert "a" not in _claims(kv) and _object(kv, "a").level == 0  # a level-0 object for good
+    l2 = _plan_l2(kv, now=NOW + 1, wait=0)
+    assert l2 is not None and l2.input_keys == ["b", "c"]
+
+
 def test_an_object_with_one_small_entry_is_merged_by_a_job(kv):
     topic = _topic(kv)
     _append(kv, topic, "a", {0: [(2, 10)]}, length=300)
