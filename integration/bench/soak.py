@@ -153,27 +153,69 @@ def object_census(system: bench.Bucketlog) -> list[dict[str, Any]]:
             if not entries:
                 continue
             times = [e.max_timestamp for _t, _p, e in entries]
-            out.append(
-                {
-                    "level": int(level),
-                    "size": int(size),
-                    "live": sum(e.length for _t, _p, e in entries),
-                    "partitions": len({(t, p) for t, p, _e in entries}),
-                    "created_ms": int(created),
-                    "oldest_ms": min(times),
-                    "newest_ms": max(times),
-                }
-            )
+            found = {
+                "level": int(level),
+                "size": int(size),
+                "live": sum(e.length for _t, _p, e in entries),
+                "partitions": len({(t, p) for t, p, _e in entries}),
+                "created_ms": int(created),
+                "oldest_ms": min(times),
+                "newest_ms": max(times),
+            }
+            if int(level) == 1 and found["live"] * 2 < int(size):
+                found["entries"] = [_neighbours(tr, sub, t, p, e) for t, p, e in entries]
+            out.append(found)
         return out
 
     census: list[dict[str, Any]] = read_metadata(system, read, [])
     return census
 
 
+def _neighbours(tr: Any, sub: Any, topic_id: bytes, partition: int, entry: Any) -> dict[str, Any]:
+    """A chunk entry of a level-1 object that mostly left level 1: its offsets, the level
+    and arrival of the partition's entries just before and after it, and the partition's
+    level-1 row, for the census (what kept the entry behind)."""
+    from metadata import keys
+    from metadata.lifecycle import get_objects
+    from metadata.log import decode_entry
+
+    begin, end = sub.range(keys.CHUNK, topic_id, partition)
+    at = sub.key(keys.CHUNK, topic_id, partition, entry.last_offset)
+    before = tr.get_range(begin, at, limit=1, reverse=True)
+    after = tr.get_range(at + b"\x00", end, limit=1)
+    near = [decode_entry(sub, *rows[0]) if rows else None for rows in (before, after)]
+    records = get_objects(tr, sub, [e.object_key for e in near if e is not None])
+    sides: list[Any] = []
+    for e in near:
+        if e is None:
+            sides.append(None)
+            continue
+        record = records.pop(0)
+        sides.append(
+            {
+                "offsets": [e.base_offset, e.last_offset],
+                "same_object": e.object_key == entry.object_key,
+                "level": None if record is None else record.level,
+                "created_ms": None if record is None else record.created_ms,
+            }
+        )
+    row = tr.get(sub.key(keys.L1_PARTITION, topic_id, partition))
+    return {
+        "partition": partition,
+        "offsets": [entry.base_offset, entry.last_offset],
+        "length": entry.length,
+        "before": sides[0],
+        "after": sides[1],
+        "l1_row": None if row is None else [int(v) for v in keys.unpack_value(row)],
+    }
+
+
 def census_summary(census: list[dict[str, Any]]) -> str:
     """The census by level: objects, their sizes and live shares (10th, 50th and 90th
     percentiles), partitions per object and the seconds between its oldest and newest
-    record times (reports made before the census: "")."""
+    record times; then the level-1 objects less than half live, the entries they hold
+    and how many of those lie behind their partition's level-1 row (reports made before
+    the census: "")."""
     if not census:
         return ""
 
@@ -194,9 +236,15 @@ def census_summary(census: list[dict[str, Any]]) -> str:
             f" {tenths([o['partitions'] for o in found])}, record time span s"
             f" {tenths([(o['newest_ms'] - o['oldest_ms']) / 1000 for o in found])}"
         )
+    named = [e for o in census for e in o.get("entries", ())]
+    behind = [
+        e for e in named if e["l1_row"] is None or e["offsets"][1] < e["l1_row"][2]
+    ]  # the row's first offset past the entry: no level-2 plan looks at it again
     return (
         "Objects the metadata names as the catch-up read began, by level (10th / 50th / 90th"
-        f" percentiles): {'; '.join(parts)}."
+        f" percentiles): {'; '.join(parts)}. Level-1 objects less than half live:"
+        f" {sum(1 for o in census if 'entries' in o)}, holding {len(named)} entries,"
+        f" {len(behind)} of them behind their partition's level-1 row."
     )
 
 
