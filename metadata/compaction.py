@@ -69,6 +69,7 @@ from metadata.log import (
     entry_rows,
     entry_value,
     iter_entries,
+    read_chunks,
     reverse_index_range,
     stored_object_entries,
 )
@@ -1149,7 +1150,8 @@ def _took_level_one(
             # The counts are a guide (a job that takes part of an object's entries of the
             # partition counts the object as gone, and the next job again): the entry
             # after the run says whether level 1 still holds any of the partition.
-            after = _entry_after(tr, sub, topic_id, partition, entries[-1].last_offset)
+            found = read_chunks(tr, sub, topic_id, partition, entries[-1].last_offset + 1, 1)
+            after = found[0] if found else None
             if after is None or not _in_level_one(tr, sub, after, prepared.plan):
                 clears.append(row_key)
                 continue
@@ -1159,20 +1161,10 @@ def _took_level_one(
     tr.clear_many(clears)
 
 
-def _entry_after(
-    tr: ReadTransaction, sub: keys.Subspace, topic_id: bytes, partition: int, offset: int
-) -> ChunkEntry | None:
-    """The partition's entry after the one ending at `offset` (None: none yet)."""
-    _begin, end = sub.range(keys.CHUNK, topic_id, partition)
-    begin = sub.key(keys.CHUNK, topic_id, partition, offset) + b"\x00"
-    found = tr.get_range(begin, end, limit=1)
-    return decode_entry(sub, *found[0]) if found else None
-
-
 def _in_level_one(tr: ReadTransaction, sub: keys.Subspace, entry: ChunkEntry, plan: Plan) -> bool:
     """Whether the entry is in a level-1 object: one of the plan's inputs (each of level
     1, and written by the commit, so not read again), or one whose record says so."""
-    if entry.object_key in set(plan.input_keys):
+    if any(e.entry.object_key == entry.object_key for e in plan.entries):
         return True
     record = get_objects(tr, sub, [entry.object_key])[0]
     return record is not None and record.level == L1 and record.dead_since_ms is None
